@@ -1,0 +1,33 @@
+# Two commands set everything up: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PLUGINS := $(wildcard plugins/*/pyproject.toml)
+STAMP := $(VENV)/.nxrt-installed
+
+.PHONY: run test lint bench clean
+
+run: $(STAMP)
+	$(VENV)/bin/nxrt run
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_light.py --models light_resnet50
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Core and every plugin, editable; reinstalled when a pyproject changes.
+$(STAMP): pyproject.toml $(PLUGINS) | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build dist core/*.egg-info plugins/*/*.egg-info

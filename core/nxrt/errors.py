@@ -1,0 +1,190 @@
+"""Every error nxrt raises, one class per failure, all under :class:`NxrtError`.
+
+The first group mirrors the seed's ``EpError`` variants with the same fields;
+the rest cover the model, the feeds and the weights. Each message says what
+went wrong and what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class NxrtError(Exception):
+    """Base class of every error nxrt raises on purpose."""
+
+
+class NoEpForOp(NxrtError):
+    """No execution provider can run a node."""
+
+    def __init__(self, domain: str, op_type: str, opset: int, detail: str = "") -> None:
+        self.domain, self.op_type, self.opset, self.detail = domain, op_type, opset, detail
+        name = f"{domain or 'ai.onnx'}::{op_type}"
+        msg = f"no EP handler for {name} at opset {opset} on any available device"
+        if detail:
+            msg += f"; {detail}"
+        msg += (
+            ". Install an EP that supports it (`nxrt providers` lists what is installed)"
+            " or add one to `providers`."
+        )
+        super().__init__(msg)
+
+
+class KernelFailed(NxrtError):
+    """A kernel raised while computing; names the node, op and EP when known."""
+
+    def __init__(
+        self, message: str, *, node: str = "", op_type: str = "", ep: str = ""
+    ) -> None:
+        self.message, self.node, self.op_type, self.ep = message, node, op_type, ep
+        where = f" in node {node!r} ({op_type}) on EP {ep!r}" if node or op_type else ""
+        super().__init__(f"kernel execution failed{where}: {message}")
+
+
+class EpPanicked(NxrtError):
+    """An EP raised something that is not an nxrt error; the session stays usable."""
+
+    def __init__(self, *, node: str = "", op_type: str = "", ep: str = "", cause: str = "") -> None:
+        self.node, self.op_type, self.ep, self.cause = node, op_type, ep, cause
+        where = f" in node {node!r} ({op_type}) on EP {ep!r}" if node or op_type else ""
+        super().__init__(
+            f"EP panicked during execution{where}: {cause}. This is a bug in the EP; "
+            "report it to the EP's authors (the session is still usable)."
+        )
+
+
+class EpLoadFailed(NxrtError):
+    """A plugin could not be loaded or registered; other plugins keep working."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = str(path), reason
+        super().__init__(f"EP plugin load failed: {path}: {reason}")
+
+
+class OutOfMemory(NxrtError):
+    """An allocation would exceed a device's byte budget."""
+
+    def __init__(self, requested: int, available: int) -> None:
+        self.requested, self.available = requested, available
+        super().__init__(
+            f"device OOM: requested {requested} bytes, available {available}; "
+            "raise the EP's memory_limit or use a smaller model or batch."
+        )
+
+
+class AlignmentError(NxrtError):
+    """A buffer's address is not aligned as its dtype or EP requires."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"allocation alignment mismatch{': ' + reason if reason else ''}")
+
+
+class InvalidTensorView(NxrtError):
+    """A tensor view's dtype, shape, strides or byte length do not agree."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"invalid tensor view: {reason}")
+
+
+class NotInitialized(NxrtError):
+    """An execution provider was used before ``initialize()``."""
+
+    def __init__(self, ep: str = "") -> None:
+        self.ep = ep
+        super().__init__(
+            f"EP {ep + ' ' if ep else ''}not initialized: call initialize() before using it"
+        )
+
+
+class NoEpForContext(NxrtError):
+    """No installed EP owns an EPContext node's ``source`` key."""
+
+    def __init__(self, source_key: str | None) -> None:
+        self.source_key = source_key
+        super().__init__(
+            f"no EP is registered for EPContext source key {source_key!r}; install the EP "
+            "that compiled this model or recompile it with `nxrt compile`."
+        )
+
+
+class UnsupportedContext(NxrtError):
+    """An EP does not implement EPContext save/load."""
+
+    def __init__(self, ep: str) -> None:
+        self.ep = ep
+        super().__init__(f"EP {ep} does not support EPContext save/load")
+
+
+class DuplicateContextSource(NxrtError):
+    """Two EPs advertise the same EPContext ``source`` key."""
+
+    def __init__(self, source_key: str, existing: str, new: str) -> None:
+        self.source_key, self.existing, self.new = source_key, existing, new
+        super().__init__(
+            f"duplicate EPContext source key {source_key!r}: already registered to "
+            f"{existing!r}, cannot re-register to {new!r}; uninstall or block one of the plugins."
+        )
+
+
+class InvalidModel(NxrtError):
+    """The model cannot be parsed, fails the checker, or its graph is malformed."""
+
+
+class InvalidArgument(NxrtError, ValueError):
+    """A call was given a value it cannot use (feeds, options, providers...)."""
+
+
+class WeightHandleError(NxrtError):
+    """A weight handle could not be built, negotiated or bound (seed: ``WeightHandleError``)."""
+
+    def __eq__(self, other: Any) -> bool:
+        return type(self) is type(other) and self.args == other.args
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.args))
+
+
+class InvalidResident(WeightHandleError):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"invalid resident weight: {reason}")
+
+
+class MissingRegions(WeightHandleError):
+    def __init__(self) -> None:
+        super().__init__("lazy weight requires at least one external mmap region")
+
+
+class Unsupported(WeightHandleError):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"unsupported: {reason}")
+
+
+class InvalidExternalData(NxrtError):
+    """A tensor's external data is outside the model folder, out of bounds or mis-sized."""
+
+
+__all__ = [
+    "AlignmentError",
+    "DuplicateContextSource",
+    "EpLoadFailed",
+    "EpPanicked",
+    "InvalidArgument",
+    "InvalidExternalData",
+    "InvalidModel",
+    "InvalidResident",
+    "InvalidTensorView",
+    "KernelFailed",
+    "MissingRegions",
+    "NoEpForContext",
+    "NoEpForOp",
+    "NotInitialized",
+    "NxrtError",
+    "OutOfMemory",
+    "UnsupportedContext",
+    "Unsupported",
+    "WeightHandleError",
+]

@@ -1,0 +1,264 @@
+"""Hook specifications: everything an execution-provider plugin can implement.
+
+Plugins implement these with ``@nxrt.hookimpl``; they are found by that
+marker only. The hooks fall in four families, in the order below:
+
+- **registration** — a plugin adds its EPs and their kernel tables;
+- **capability advertisement** — what an EP offers (weight paging,
+  EPContext support, device type, dtypes);
+- **kernel matching and subgraph claims** — which nodes an EP can run, at what
+  cost, and which connected sets of nodes it will fuse into one kernel;
+- **EPContext** — turning a compiled partition into an ``EpContext`` and back.
+
+Hooks run only while a session is created, never inside ``run``: a pluggy
+call costs several microseconds, more than nxrt's whole per-node budget.
+``nxrt.host.Host`` is the only caller; it calls each plugin separately, so
+one plugin's exception becomes a record naming that plugin (``EpLoadFailed``
+at load time, ``EpPanicked`` later) while every other plugin keeps working.
+
+Session creation calls the hooks in this order:
+
+1. ``nxrt_register(registry)`` — once per plugin, when a session (or
+   ``nxrt providers``) builds the registries from the plugin manager.
+2. ``nxrt_ep_capabilities(ep)`` — once per EP the session uses.
+3. ``nxrt_load_context(ep, context)`` — for each ``EPContext`` node of the
+   model, on the EP that owns its ``source`` key.
+4. For each EP in the session's priority order:
+
+   a. ``nxrt_claim_subgraphs(ep, graph, nodes)`` — once, with the nodes no
+      EP ahead of it has taken;
+   b. ``nxrt_match_kernel(ep, node, opset)`` — for each node still unplaced.
+
+5. ``nxrt_save_context(ep, claim, kernel)`` — only when a compiled model is
+   being written (``nxrt compile``), once per compiled claim.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.epcontext import EpContext
+    from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
+    from nxrt.provider import ExecutionProvider
+    from nxrt.registry import Registrar
+    from nxrt.weight import ExecutionProviderCapabilities
+
+hookspec = pluggy.HookspecMarker("nxrt")
+
+# -------------------------------------------------------------------------------------------------
+# registration
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def nxrt_register(registry: Registrar) -> None:
+    """Register the plugin's execution providers and their kernel tables.
+
+    Called once per plugin each time the host builds its registries (at every
+    session creation and by ``nxrt providers``), so a plugin registered in a
+    test takes effect for the next session.
+
+    :param registry: The registrar. Call ``registry.add_provider(id, factory,
+        ...)`` for each EP, where ``factory(config)`` returns the
+        :class:`~nxrt.provider.ExecutionProvider` (import the backend library
+        inside the factory, not at module import), and
+        ``registry.add_kernels(id, ops)`` with the EP's
+        :class:`~nxrt.registry.OpRegistry`.
+
+    :returns: Nothing; additions go through ``registry``, which validates
+        them and records which plugin made them.
+
+    Ownership: register only EPs your plugin provides; an EP id that another
+    plugin already registered is refused.
+
+    If this hook raises or registers something malformed, the plugin becomes
+    an ``EpLoadFailed`` record (shown by ``nxrt providers``), its partial
+    registrations are discarded, and every other plugin keeps working.
+    Hook wrappers are not supported on this hook.
+
+    .. versionadded:: 0.1
+
+    Implemented by: cpu.
+    """
+
+
+# -------------------------------------------------------------------------------------------------
+# capability advertisement
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities | None:
+    """Advertise what an execution provider offers.
+
+    Called once per EP a session uses, after the EP is instantiated and
+    initialised.
+
+    :param ep: The EP instance being asked about.
+
+    :returns: The EP's :class:`~nxrt.weight.ExecutionProviderCapabilities`
+        (flags such as ``"nxrt"`` for lazy weight paging, ``"epcontext"``,
+        ``"device:cpu"``, ``"dtype:float32"``), or ``None`` for EPs your
+        plugin does not provide. An EP nobody answers for gets the stock
+        (empty) capabilities.
+
+    Ownership: return ``None`` for EPs your plugin does not provide; an
+    answer for another plugin's EP is refused and recorded against your
+    plugin.
+
+    If this hook raises or returns another type, the plugin becomes an
+    ``EpLoadFailed`` record and the EP is treated as stock.
+
+    .. versionadded:: 0.1
+
+    Implemented by: cpu.
+    """
+
+
+# -------------------------------------------------------------------------------------------------
+# kernel matching and subgraph claims
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def nxrt_claim_subgraphs(
+    ep: ExecutionProvider, graph: ir.Graph, nodes: list[ir.Node]
+) -> list[SubgraphClaim] | None:
+    """Claim connected sets of nodes that the EP will compile into one kernel each.
+
+    Called once per session and EP, in the session's priority order, before
+    that EP's per-node kernel matching.
+
+    :param ep: The EP being asked.
+    :param graph: The model's main graph (read-only: do not mutate it).
+    :param nodes: The nodes not yet placed on an EP ahead of this one, in
+        topological order; claims may contain only these.
+
+    :returns: A list of :class:`~nxrt.kernel.SubgraphClaim`, possibly empty,
+        or ``None`` for EPs your plugin does not provide (or that never
+        fuse). The host refuses a claim that takes an already placed node or
+        that would create a cycle once contracted into one node, and records
+        why; refused nodes go through kernel matching as usual. Accepted
+        claims are compiled with ``ep.compile(claim, graph)``.
+
+    Stops at the first non-``None`` result.
+
+    Ownership: the host asks only the plugin that registered ``ep``.
+
+    If this hook raises, the EP makes no claims for this session and the
+    failure is recorded against the plugin (``EpPanicked``).
+
+    .. versionadded:: 0.1
+
+    Implemented by: none of the shipped EPs yet (mlx and legacy_abi will).
+    """
+
+
+@hookspec(firstresult=True)
+def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> KernelMatch | None:
+    """Say whether the EP can run one node, and at what cost.
+
+    Called at session creation for each node × EP in priority order, until an
+    EP matches: the first EP whose answer is supported wins the node.
+
+    :param ep: The EP being asked.
+    :param node: The node (read-only), with inferred shapes and dtypes on its
+        values where shape inference found them.
+    :param opset: The model's opset version for the node's domain.
+
+    :returns: A :class:`~nxrt.kernel.KernelMatch`: supported with a
+        :class:`~nxrt.kernel.Cost`, or unsupported with a reason that
+        ``session.get_partition()`` shows to the user. ``None`` means "not
+        my EP"; when the owning plugin answers ``None``, the host answers
+        from the kernels the plugin registered with ``add_kernels``.
+
+    Stops at the first non-``None`` result.
+
+    Ownership: the host asks only the plugin that registered ``ep``.
+
+    If this hook raises, the node is treated as unsupported by this EP with
+    the exception as the reason, and the plugin's failure is recorded.
+
+    .. versionadded:: 0.1
+
+    Implemented by: cpu.
+    """
+
+
+# -------------------------------------------------------------------------------------------------
+# EPContext
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def nxrt_save_context(
+    ep: ExecutionProvider, claim: SubgraphClaim, kernel: Kernel
+) -> EpContext | None:
+    """Turn a compiled partition into an :class:`~nxrt.epcontext.EpContext`.
+
+    Called when a compiled model is written, once per accepted claim of an EP
+    that advertises the ``"epcontext"`` capability.
+
+    :param ep: The EP that compiled the partition.
+    :param claim: The claim, with its boundary ``inputs`` and ``outputs``.
+    :param kernel: The kernel ``ep.compile`` returned for it.
+
+    :returns: The context (its ``source`` must be one of the keys the EP
+        declared with ``context_sources``), or ``None`` for EPs your plugin
+        does not provide.
+
+    Stops at the first non-``None`` result.
+
+    Ownership: the host asks only the plugin that registered ``ep``.
+
+    If this hook raises, the partition is written uncompiled and the failure
+    is reported.
+
+    .. versionadded:: 0.1
+
+    Implemented by: none of the shipped EPs yet (mlx and legacy_abi will).
+    """
+
+
+@hookspec(firstresult=True)
+def nxrt_load_context(ep: ExecutionProvider, context: EpContext) -> Kernel | None:
+    """Rebuild a compiled partition's kernel from a saved EPContext.
+
+    Called at session creation for each ``EPContext`` node, on the EP whose
+    advertised ``context_sources`` contain the node's ``source``; the lookup
+    is a dict keyed by source, never a chain of plugins.
+
+    :param ep: The EP that owns the context's source key.
+    :param context: The parsed context, its blob already read.
+
+    :returns: A kernel taking the EPContext node's inputs and returning its
+        outputs, or ``None`` when your plugin does not provide ``ep`` (the
+        host then falls back to ``ep.load_context``, which raises
+        ``UnsupportedContext`` unless the EP overrides it).
+
+    Stops at the first non-``None`` result.
+
+    Ownership: the host asks only the plugin that registered ``ep``.
+
+    If this hook raises, session creation fails with that error, since the
+    model cannot run without the partition.
+
+    .. versionadded:: 0.1
+
+    Implemented by: none of the shipped EPs yet (mlx and legacy_abi will).
+    """
+
+
+__all__ = [
+    "nxrt_claim_subgraphs",
+    "nxrt_ep_capabilities",
+    "nxrt_load_context",
+    "nxrt_match_kernel",
+    "nxrt_register",
+    "nxrt_save_context",
+]

@@ -1,0 +1,199 @@
+"""The session's own thread pool, lent to a kernel for one compute call.
+
+Intra-op parallelism without oversubscription: a kernel that splits its work
+across the pool must not also let BLAS start one thread per core inside each
+pool thread, or ``threads x BLAS threads`` workers fight over the cores. While
+:meth:`HostParallel.map` runs work in parallel it caps BLAS at one thread, and
+:meth:`HostParallel.blas_limits` gives a serial section at most ``threads``
+BLAS threads. The BLAS setting is process-wide, so every cap goes through one
+lock-protected governor that applies the smallest active cap and restores the
+original thread counts when the last cap ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from nxrt.errors import InvalidArgument
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_worker = threading.local()
+
+
+class _BlasGovernor:
+    """Process-wide BLAS thread caps: the smallest active cap wins."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._caps: collections.Counter[int] = collections.Counter()
+        self._libraries: list[Any] | None = None
+        self._original: list[tuple[Any, int]] = []
+
+    def _blas_libraries(self) -> list[Any]:
+        if self._libraries is None:
+            from threadpoolctl import ThreadpoolController
+
+            self._libraries = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+        return self._libraries
+
+    def _apply(self) -> None:
+        if not self._caps:
+            for library, threads in self._original:
+                library.set_num_threads(threads)
+            self._original = []
+            return
+        if not self._original:
+            self._original = [(lib, lib.num_threads) for lib in self._blas_libraries()]
+        cap = min(self._caps)
+        for library, threads in self._original:
+            library.set_num_threads(max(1, min(cap, threads)))
+
+    @contextmanager
+    def cap(self, threads: int) -> Iterator[None]:
+        with self._lock:
+            self._caps[threads] += 1
+            self._apply()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._caps[threads] -= 1
+                if not self._caps[threads]:
+                    del self._caps[threads]
+                self._apply()
+
+
+_governor = _BlasGovernor()
+
+
+def _in_worker() -> bool:
+    return getattr(_worker, "active", False)
+
+
+def _mark_worker() -> None:
+    _worker.active = True
+
+
+class HostParallel:
+    """A fixed-size thread pool for intra-op work; threads start on first parallel use.
+
+    ``threads`` of ``None`` or ``0`` means one per CPU core. Calls from inside a
+    pool thread run inline, so nested ``map`` never deadlocks or oversubscribes.
+    """
+
+    def __init__(self, threads: int | None = None) -> None:
+        if threads is None or threads == 0:
+            threads = os.cpu_count() or 1
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise InvalidArgument(f"threads must be a non-negative integer, got {threads!r}")
+        self._threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._closed = False
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("HostParallel is closed; create a new one")
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self._threads,
+                    thread_name_prefix="nxrt-host",
+                    initializer=_mark_worker,
+                )
+            return self._executor
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        """``[fn(item) for item in items]``, run across the pool; results keep item order.
+
+        The first exception (in item order) is raised here once the started
+        calls have finished; calls not yet started are cancelled.
+        """
+        items = list(items)
+        if self._threads == 1 or len(items) <= 1 or _in_worker():
+            if self._closed:
+                raise RuntimeError("HostParallel is closed; create a new one")
+            return [fn(item) for item in items]
+        pool = self._pool()
+        with self._lock:
+            self._busy += 1
+        try:
+            with _governor.cap(1):
+                futures: list[Future[R]] = [pool.submit(fn, item) for item in items]
+                _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+                if pending:
+                    for future in pending:
+                        future.cancel()
+                    wait(pending)
+                for future in futures:
+                    error = None if future.cancelled() else future.exception()
+                    if error is not None:
+                        raise error
+                return [future.result() for future in futures]
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def split(self, n: int, parts: int | None = None) -> list[range]:
+        """``range(n)`` cut into at most ``parts`` contiguous, near-equal, non-empty chunks."""
+        if n < 0:
+            raise InvalidArgument(f"cannot split a negative count {n}")
+        parts = self._threads if parts is None else parts
+        if parts < 1:
+            raise InvalidArgument(f"parts must be >= 1, got {parts}")
+        parts = min(parts, n)
+        if parts == 0:
+            return []
+        size, extra = divmod(n, parts)
+        chunks = []
+        start = 0
+        for index in range(parts):
+            stop = start + size + (1 if index < extra else 0)
+            chunks.append(range(start, stop))
+            start = stop
+        return chunks
+
+    @contextmanager
+    def blas_limits(self) -> Iterator[int]:
+        """Cap BLAS threads for a compute section; yields the cap.
+
+        Inside a parallel ``map`` (or while one runs) the cap is 1, otherwise
+        ``threads``; a library already set lower keeps its lower count.
+        """
+        limit = 1 if self._busy or _in_worker() else self._threads
+        with _governor.cap(limit):
+            yield limit
+
+    def close(self) -> None:
+        """Stop the pool's threads, waiting for running work."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+            self._closed = True
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> HostParallel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "started" if self._executor else "idle"
+        return f"HostParallel(threads={self._threads}, {state})"
+
+
+__all__ = ["HostParallel"]

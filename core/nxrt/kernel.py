@@ -1,0 +1,143 @@
+"""Kernels, the answers of kernel matching, and subgraph claims.
+
+A :class:`Kernel` is what the executor calls once per node (or once per
+claimed subgraph) on every ``run``; everything it needs is decided when the
+session is created, so ``compute`` is a plain call on arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.registry import OpKey
+
+#: Trace argument names, as the seed's kernel module exports them.
+ARG_FLOPS = "flops"
+ARG_BYTES = "bytes"
+ARG_DEVICE = "device"
+ARG_KERNEL_VARIANT = "kernel_variant"
+ARG_KERNEL_VARIANT_REASON = "kernel_variant_reason"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Estimated work of one kernel call: arithmetic and memory traffic."""
+
+    flops: int = 0
+    bytes: int = 0
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.flops + other.flops, self.bytes + other.bytes)
+
+
+@dataclass(frozen=True)
+class KernelMatch:
+    """An EP's answer to "can you run this node?": a cost, or a reason it cannot."""
+
+    supported: bool
+    cost: Cost | None = None
+    reason: str = ""
+    key: OpKey | None = None
+
+    @classmethod
+    def yes(cls, cost: Cost, key: OpKey | None = None) -> KernelMatch:
+        return cls(True, cost=cost, key=key)
+
+    @classmethod
+    def no(cls, reason: str) -> KernelMatch:
+        return cls(False, reason=reason)
+
+
+class Kernel:
+    """Computes outputs from inputs; created once per node at session creation.
+
+    ``compute`` receives one array (or ``None`` for an absent optional input)
+    per input and returns a tuple with one array per output. Kernels must not
+    modify their inputs and must be safe to call from several threads.
+    """
+
+    #: Which implementation was chosen for the node's shapes, and why (trace args).
+    variant: str = ""
+    variant_reason: str = ""
+    #: Index of the input an output is a zero-copy view of, if any.
+    view_output: int | None = None
+
+    def compute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+
+class FunctionKernel(Kernel):
+    """A kernel function with its node's attributes bound (the common case)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        attrs: dict[str, Any],
+        *,
+        view_output: int | None = None,
+        variant: str = "",
+        variant_reason: str = "",
+    ) -> None:
+        self.fn = fn
+        self.attrs = attrs
+        self.view_output = view_output
+        self.variant, self.variant_reason = variant, variant_reason
+        self._call = functools.partial(fn, **attrs) if attrs else fn
+
+    def compute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        out = self._call(*inputs)
+        return out if isinstance(out, tuple) else (out,)
+
+    def __repr__(self) -> str:
+        return f"FunctionKernel({self.fn.__qualname__}, {self.attrs})"
+
+
+@dataclass
+class SubgraphClaim:
+    """A set of nodes one EP will compile into a single kernel.
+
+    EPs fill ``ep`` and ``nodes``; the host fills ``inputs`` and ``outputs``
+    (value names crossing the claim's boundary, in a stable order) once it has
+    checked that the claim is acyclic and that its nodes are still free.
+    """
+
+    ep: str
+    nodes: Sequence[ir.Node]
+    name: str = ""
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+
+def attribute_values(node: ir.Node) -> dict[str, Any]:
+    """A node's attributes as plain Python values (tensors become numpy arrays)."""
+    import onnx_ir as ir
+
+    values: dict[str, Any] = {}
+    for name, attr in node.attributes.items():
+        value = attr.value
+        if attr.type == ir.AttributeType.TENSOR:
+            value = value.numpy()
+        elif attr.type == ir.AttributeType.TENSORS:
+            value = [t.numpy() for t in value]
+        elif attr.type in (ir.AttributeType.INTS, ir.AttributeType.FLOATS):
+            value = list(value)
+        elif attr.type == ir.AttributeType.STRINGS:
+            value = list(value)
+        values[name] = value
+    return values
+
+
+def storage_bytes(dtype: np.dtype, shape: Sequence[int]) -> int:
+    """Bytes a dense tensor of ``shape`` occupies."""
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count * np.dtype(dtype).itemsize

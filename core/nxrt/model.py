@@ -1,0 +1,164 @@
+"""Loading a model: parse, check, infer shapes, and validate the graph's structure.
+
+Everything a user can hand to ``InferenceSession`` (a path, bytes, a
+``ModelProto``) goes through :func:`load_model`, which returns an ``onnx_ir``
+model whose nodes are in topological order, or raises :class:`InvalidModel`
+with what is wrong and where.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from nxrt.errors import InvalidModel
+from nxrt.registry import normalize_domain
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+
+
+def read_proto(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """Parse the model without loading external data (that is mapped lazily)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError
+            raise InvalidModel(
+                f"the bytes given are not an ONNX model ({exc}); pass the bytes of a .onnx file"
+            ) from exc
+        if not proto.graph.node and not proto.graph.output:
+            raise InvalidModel("the bytes given hold no ONNX graph; pass the bytes of a .onnx file")
+        return proto
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise InvalidModel(f"model file {path!r} does not exist")
+        try:
+            return onnx.load(path, load_external_data=False)
+        except Exception as exc:  # noqa: BLE001
+            raise InvalidModel(f"{path!r} is not a readable ONNX model: {exc}") from exc
+    raise InvalidModel(
+        f"cannot load a model from {type(model).__name__}; pass a path, bytes or onnx.ModelProto"
+    )
+
+
+def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Run the ONNX checker, then shape inference (which may not know every op)."""
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise InvalidModel(f"the model fails the ONNX checker: {first}") from exc
+    try:
+        return onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is an aid, never required
+        return proto
+
+
+def load_model(
+    model: str | os.PathLike[str] | bytes | onnx.ModelProto,
+) -> tuple[ir.Model, str | None]:
+    """The checked, shape-inferred model as ``onnx_ir`` and the folder it came from."""
+    import onnx_ir as ir
+
+    base_dir = None
+    if isinstance(model, (str, os.PathLike)):
+        base_dir = os.path.dirname(os.path.abspath(os.fspath(model)))
+    proto = check_proto(read_proto(model))
+    try:
+        ir_model = ir.from_proto(proto)
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidModel(f"the model's graph cannot be read: {exc}") from exc
+    validate_graph(ir_model.graph)
+    return ir_model, base_dir
+
+
+def validate_graph(graph: ir.Graph) -> None:
+    """Refuse duplicate producers, dangling inputs and cycles; sort when needed."""
+    produced: dict[str, str] = {}
+    for value in [*graph.inputs, *graph.initializers.values()]:
+        produced[value.name] = "graph input"
+    for node in graph:
+        for value in node.outputs:
+            if not value.name:
+                continue
+            if value.name in produced and produced[value.name] != "graph input":
+                raise InvalidModel(
+                    f"value {value.name!r} is produced twice (by {produced[value.name]!r} "
+                    f"and {node.name!r}); every output name must be unique"
+                )
+            produced[value.name] = node.name or node.op_type
+    for node in graph:
+        for value in node.inputs:
+            if value is not None and value.name and value.name not in produced:
+                if value.producer() is None and not value.is_graph_input():
+                    raise InvalidModel(
+                        f"node {node.name!r} ({node.op_type}) reads {value.name!r}, which no "
+                        "node, input or initializer produces"
+                    )
+    order = topological_order(graph)
+    if [id(n) for n in order] != [id(n) for n in graph]:
+        graph.sort()
+
+
+def topological_order(graph: ir.Graph) -> list[ir.Node]:
+    """Kahn's order of the graph's nodes; a cycle is an :class:`InvalidModel`."""
+    nodes = list(graph)
+    index = {id(n): i for i, n in enumerate(nodes)}
+    pending = [0] * len(nodes)
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, node in enumerate(nodes):
+        preds = {index[id(p)] for p in node.predecessors() if id(p) in index}
+        pending[i] = len(preds)
+        for p in preds:
+            users[p].append(i)
+    ready = [i for i, count in enumerate(pending) if count == 0]
+    order: list[int] = []
+    while ready:
+        i = ready.pop(0)
+        order.append(i)
+        for user in users[i]:
+            pending[user] -= 1
+            if pending[user] == 0:
+                ready.append(user)
+    if len(order) != len(nodes):
+        stuck = [nodes[i].name or nodes[i].op_type for i in range(len(nodes)) if pending[i]]
+        raise InvalidModel(f"the graph has a cycle through nodes {stuck[:5]}")
+    return [nodes[i] for i in order]
+
+
+def opset_of(model: ir.Model, domain: str) -> int:
+    """The model's opset for a node's domain (0 when the model does not import it)."""
+    imports = {normalize_domain(d): v for d, v in model.opset_imports.items()}
+    return int(imports.get(normalize_domain(domain), 0))
+
+
+#: ONNX elem type -> ONNX Runtime's type string, e.g. ``tensor(float)``.
+_TYPE_NAMES = {
+    onnx.TensorProto.FLOAT: "float",
+    onnx.TensorProto.DOUBLE: "double",
+}
+
+
+def type_string(elem_type: int) -> str:
+    name = _TYPE_NAMES.get(elem_type)
+    if name is None:
+        name = onnx.TensorProto.DataType.Name(elem_type).lower()
+    return f"tensor({name})"
+
+
+def numpy_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def value_names(values: Iterable[ir.Value | None]) -> list[str]:
+    return [v.name if v is not None else "" for v in values]

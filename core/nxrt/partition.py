@@ -1,0 +1,247 @@
+"""Partitioning: which EP runs each node, and why the others refused it.
+
+Each node goes to the first EP, in the session's priority order, whose claim
+covers it or whose kernel matches it. Placement is never silent: the
+:class:`PartitionReport` lists every node's EP, the partitions, the copies
+between devices, and each refusal by the EPs ahead of the winner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nxrt.errors import NoEpForOp
+from nxrt.kernel import KernelMatch, SubgraphClaim
+from nxrt.model import opset_of
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.host import Host
+    from nxrt.provider import ExecutionProvider
+
+
+@dataclass
+class NodePlacement:
+    """Where one node runs, and what the EPs ahead of it answered."""
+
+    node: str
+    op_type: str
+    ep: str
+    claim: str = ""
+    refusals: list[tuple[str, str]] = field(default_factory=list)
+    match: KernelMatch | None = None
+
+
+@dataclass
+class Copy:
+    """A value moved between devices before a node can read it."""
+
+    value: str
+    from_device: str
+    to_device: str
+    to_ep: str
+
+
+@dataclass
+class PartitionReport:
+    """The placement of a whole graph, as ``session.get_partition()`` returns it."""
+
+    providers: list[str]
+    nodes: list[NodePlacement] = field(default_factory=list)
+    claims: list[SubgraphClaim] = field(default_factory=list)
+    refused_claims: list[tuple[str, str]] = field(default_factory=list)
+    copies: list[Copy] = field(default_factory=list)
+
+    @property
+    def partitions(self) -> list[tuple[str, list[str]]]:
+        """Runs of consecutive nodes on one EP (a claim is always one partition)."""
+        runs: list[tuple[str, list[str]]] = []
+        last_key: tuple[str, str] | None = None
+        for placement in self.nodes:
+            key = (placement.ep, placement.claim)
+            if key != last_key:
+                runs.append((placement.ep, []))
+                last_key = key
+            runs[-1][1].append(placement.node)
+        return runs
+
+    def nodes_per_ep(self) -> dict[str, int]:
+        counts = dict.fromkeys(self.providers, 0)
+        for placement in self.nodes:
+            counts[placement.ep] = counts.get(placement.ep, 0) + 1
+        return counts
+
+    def fallbacks(self) -> list[NodePlacement]:
+        """Nodes that some EP ahead of the winner refused."""
+        return [p for p in self.nodes if p.refusals]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "providers": self.providers,
+            "nodes_per_ep": self.nodes_per_ep(),
+            "partitions": [{"ep": ep, "nodes": nodes} for ep, nodes in self.partitions],
+            "copies": [vars(c) for c in self.copies],
+            "fallbacks": [
+                {"node": p.node, "op_type": p.op_type, "ep": p.ep, "refused_by": p.refusals}
+                for p in self.fallbacks()
+            ],
+            "refused_claims": self.refused_claims,
+        }
+
+    def __str__(self) -> str:
+        lines = ["EP          nodes"]
+        for ep, count in self.nodes_per_ep().items():
+            lines.append(f"{ep:<11} {count}")
+        parts = self.partitions
+        lines.append(f"{len(parts)} partition(s), {len(self.copies)} copy(ies)")
+        for i, (ep, nodes) in enumerate(parts):
+            shown = ", ".join(nodes[:4]) + (f", ... ({len(nodes)} nodes)" if len(nodes) > 4 else "")
+            lines.append(f"  [{i}] {ep}: {shown}")
+        for copy in self.copies:
+            lines.append(f"  copy {copy.value}: {copy.from_device} -> {copy.to_device}")
+        for placement in self.fallbacks():
+            why = "; ".join(f"{ep}: {reason}" for ep, reason in placement.refusals)
+            lines.append(f"  fallback {placement.node} ({placement.op_type}) -> {placement.ep}: {why}")
+        for claim, reason in self.refused_claims:
+            lines.append(f"  refused claim {claim}: {reason}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Placement:
+    """What the planner needs: per node (by position) its EP, or its claim."""
+
+    report: PartitionReport
+    node_ep: list[str]
+    node_claim: list[int | None]
+    matches: list[KernelMatch | None]
+
+
+def partition(
+    model: ir.Model,
+    eps: Sequence[tuple[ExecutionProvider, str]],
+    host: Host,
+) -> Placement:
+    """Place every node of the main graph on one of ``eps`` (EP, owning plugin), in order."""
+    graph = model.graph
+    nodes = list(graph)
+    position = {id(n): i for i, n in enumerate(nodes)}
+    report = PartitionReport([ep.id for ep, _ in eps])
+    node_ep: list[str | None] = [None] * len(nodes)
+    node_claim: list[int | None] = [None] * len(nodes)
+    matches: list[KernelMatch | None] = [None] * len(nodes)
+    refusals: list[list[tuple[str, str]]] = [[] for _ in nodes]
+
+    for ep, owner in eps:
+        free = [n for n in nodes if node_ep[position[id(n)]] is None]
+        for claim in host.claim_subgraphs(ep, owner, graph, free):
+            reason = check_claim(claim, nodes, position, node_ep)
+            if reason:
+                report.refused_claims.append((claim.name or ep.id, reason))
+                continue
+            claim.ep = ep.id
+            claim.name = claim.name or f"{ep.id}_{len(report.claims)}"
+            claim.inputs, claim.outputs = claim_boundary(claim, graph)
+            for node in claim.nodes:
+                node_ep[position[id(node)]] = ep.id
+                node_claim[position[id(node)]] = len(report.claims)
+            report.claims.append(claim)
+        for i, node in enumerate(nodes):
+            if node_ep[i] is not None:
+                continue
+            match = host.match_kernel(ep, owner, node, opset_of(model, node.domain))
+            if match.supported:
+                node_ep[i], matches[i] = ep.id, match
+            else:
+                refusals[i].append((ep.id, match.reason))
+
+    for i, node in enumerate(nodes):
+        if node_ep[i] is None:
+            detail = "; ".join(f"{ep}: {reason}" for ep, reason in refusals[i]) or "no EP"
+            raise NoEpForOp(
+                node.domain or "ai.onnx",
+                node.op_type,
+                opset_of(model, node.domain),
+                f"node {node.name!r} was refused by {detail}",
+            )
+        claim_index = node_claim[i]
+        report.nodes.append(
+            NodePlacement(
+                node.name,
+                node.op_type,
+                node_ep[i],
+                claim=report.claims[claim_index].name if claim_index is not None else "",
+                refusals=refusals[i],
+                match=matches[i],
+            )
+        )
+    return Placement(report, node_ep, node_claim, matches)  # type: ignore[arg-type]
+
+
+def check_claim(
+    claim: SubgraphClaim,
+    nodes: list[ir.Node],
+    position: dict[int, int],
+    node_ep: list[str | None],
+) -> str:
+    """Why a claim cannot be accepted ('' when it can)."""
+    if not claim.nodes:
+        return "the claim is empty"
+    members: set[int] = set()
+    for node in claim.nodes:
+        if id(node) not in position:
+            return f"node {node.name!r} is not in the main graph"
+        if node_ep[position[id(node)]] is not None:
+            return f"node {node.name!r} is already placed on {node_ep[position[id(node)]]}"
+        members.add(position[id(node)])
+    if creates_cycle(members, nodes, position):
+        return "contracting the claim into one node would create a cycle"
+    return ""
+
+
+def creates_cycle(members: set[int], nodes: list[ir.Node], position: dict[int, int]) -> bool:
+    """True if a path leaves the claim and comes back into it."""
+    outside_reached: set[int] = set()
+    frontier = [
+        position[id(user)]
+        for m in members
+        for user in nodes[m].successors()
+        if id(user) in position and position[id(user)] not in members
+    ]
+    while frontier:
+        i = frontier.pop()
+        if i in outside_reached:
+            continue
+        outside_reached.add(i)
+        for user in nodes[i].successors():
+            j = position.get(id(user))
+            if j is None:
+                continue
+            if j in members:
+                return True
+            frontier.append(j)
+    return False
+
+
+def claim_boundary(claim: SubgraphClaim, graph: ir.Graph) -> tuple[list[str], list[str]]:
+    """The value names a claim reads from outside and those read after it."""
+    inside = {id(n) for n in claim.nodes}
+    produced = {v.name for n in claim.nodes for v in n.outputs if v.name}
+    graph_outputs = {v.name for v in graph.outputs}
+    inputs: list[str] = []
+    outputs: list[str] = []
+    for node in claim.nodes:
+        for value in node.inputs:
+            if value is not None and value.name and value.name not in produced:
+                if value.name not in inputs:
+                    inputs.append(value.name)
+        for value in node.outputs:
+            if not value.name:
+                continue
+            used_outside = any(id(user) not in inside for user, _ in value.uses())
+            if (used_outside or value.name in graph_outputs) and value.name not in outputs:
+                outputs.append(value.name)
+    return inputs, outputs

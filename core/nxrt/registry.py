@@ -1,0 +1,274 @@
+"""Op and EP registries: which kernel runs an op at an opset, and which EPs exist.
+
+An EP's kernels live in an :class:`OpRegistry`. Each kernel is one function
+plus one registration line, written as a decorator at its definition::
+
+    ops = OpRegistry("cpu")
+
+    @ops.op("Softmax", since=13)
+    def softmax(x, /, *, axis=-1): ...
+
+``since`` may be a tuple when one function serves several schema versions.
+The registry computes each key's ``end_version`` from the next registration
+of the same op and refuses overlaps, so dispatch takes the highest ``since``
+not above the model's opset.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nxrt.kernel import Cost, KernelMatch
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.provider import EpConfig, ExecutionProvider
+
+#: Both spellings of the default ONNX domain.
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def normalize_domain(domain: str) -> str:
+    return "" if domain in DEFAULT_DOMAINS else domain
+
+
+@dataclass(frozen=True, order=True)
+class OpKey:
+    """An op at a range of opset versions: ``since_version..end_version`` inclusive."""
+
+    domain: str
+    op_type: str
+    since_version: int
+    end_version: int | None = None  # None: still current
+
+    def __str__(self) -> str:
+        end = "" if self.end_version is None else str(self.end_version)
+        return f"{self.domain or 'ai.onnx'}::{self.op_type}({self.since_version}..{end})"
+
+
+#: A cost estimate from a node's input and output shapes (None where unknown).
+CostFunction = Callable[["ir.Node"], Cost]
+
+
+@dataclass
+class KernelEntry:
+    """One registered kernel: the function and what the executor must know about it."""
+
+    key: OpKey
+    fn: Callable[..., Any]
+    const_inputs: tuple[int, ...] = ()
+    view_output: int | None = None
+    cost: CostFunction | None = None
+
+
+class OpRegistry:
+    """The kernels of one EP, keyed by :class:`OpKey`."""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        self._entries: dict[tuple[str, str], list[KernelEntry]] = {}
+
+    def op(
+        self,
+        op_type: str,
+        since: int | Sequence[int],
+        *,
+        domain: str = "",
+        const_inputs: Sequence[int] = (),
+        view_output: int | None = None,
+        cost: CostFunction | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering ``fn`` for ``op_type`` from each version in ``since``."""
+        versions = (since,) if isinstance(since, int) else tuple(since)
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for version in versions:
+                self.add(
+                    KernelEntry(
+                        OpKey(normalize_domain(domain), op_type, version),
+                        fn,
+                        tuple(const_inputs),
+                        view_output,
+                        cost,
+                    )
+                )
+            return fn
+
+        return register
+
+    def add(self, entry: KernelEntry) -> None:
+        """Add one kernel; an op registered twice at one version is refused."""
+        key = entry.key
+        versions = self._entries.setdefault((key.domain, key.op_type), [])
+        sinces = [e.key.since_version for e in versions]
+        if key.since_version in sinces:
+            raise ValueError(f"{self.name}: {key} is registered twice")
+        index = bisect.bisect(sinces, key.since_version)
+        if key.end_version is not None and index < len(sinces):
+            if key.end_version >= sinces[index]:
+                raise ValueError(f"{self.name}: {key} overlaps {versions[index].key}")
+        versions.insert(index, entry)
+        self._close_ranges(versions)
+
+    @staticmethod
+    def _close_ranges(versions: list[KernelEntry]) -> None:
+        for entry, following in zip(versions, versions[1:]):
+            end = following.key.since_version - 1
+            if entry.key.end_version != end:
+                key = entry.key
+                entry.key = OpKey(key.domain, key.op_type, key.since_version, end)
+
+    def lookup(self, domain: str, op_type: str, opset: int) -> KernelEntry | None:
+        """The kernel for ``op_type`` at ``opset``: the highest ``since`` not above it."""
+        for entry in reversed(self._entries.get((normalize_domain(domain), op_type), [])):
+            key = entry.key
+            if key.since_version <= opset:
+                return entry if key.end_version is None or opset <= key.end_version else None
+        return None
+
+    def match(self, node: ir.Node, opset: int) -> KernelMatch:
+        """Kernel matching answered from the table, with a reason on refusal."""
+        versions = self._entries.get((normalize_domain(node.domain), node.op_type))
+        if not versions:
+            return KernelMatch.no(f"{node.op_type} is not implemented")
+        entry = self.lookup(node.domain, node.op_type, opset)
+        if entry is None:
+            have = ", ".join(str(e.key.since_version) for e in versions)
+            return KernelMatch.no(f"{node.op_type} has kernels from opsets {have}, not {opset}")
+        for index in entry.const_inputs:
+            value = node.inputs[index] if index < len(node.inputs) else None
+            if value is not None and value.const_value is None:
+                return KernelMatch.no(f"input {index} of {node.op_type} must be a constant")
+        cost = entry.cost(node) if entry.cost else estimate_cost(node)
+        return KernelMatch.yes(cost, entry.key)
+
+    def keys(self) -> Iterator[OpKey]:
+        for versions in self._entries.values():
+            for entry in versions:
+                yield entry.key
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._entries.values())
+
+    @property
+    def op_types(self) -> set[tuple[str, str]]:
+        return set(self._entries)
+
+
+def estimate_cost(node: ir.Node) -> Cost:
+    """A generic cost: one flop per output element, bytes of every known tensor."""
+    flops = 0
+    traffic = 0
+    for value, is_output in [(v, False) for v in node.inputs] + [(v, True) for v in node.outputs]:
+        if value is None or value.shape is None or value.dtype is None:
+            continue
+        if not all(isinstance(d, int) for d in value.shape):
+            continue
+        count = 1
+        for dim in value.shape:
+            count *= dim
+        traffic += count * value.dtype.itemsize
+        if is_output:
+            flops += count
+    return Cost(flops, traffic)
+
+
+@dataclass
+class EpDescriptor:
+    """What discovery knows of an EP without opening its backend library."""
+
+    id: str
+    factory: Callable[[EpConfig], ExecutionProvider]
+    plugin: str = ""
+    device_type: str = "cpu"
+    context_sources: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    ops: OpRegistry | None = None
+    description: str = ""
+
+
+@dataclass
+class EpRegistry:
+    """Every EP the loaded plugins provide; priority comes from the session, not from here."""
+
+    providers: dict[str, EpDescriptor] = field(default_factory=dict)
+
+    def add(self, descriptor: EpDescriptor) -> None:
+        if descriptor.id in self.providers:
+            existing = self.providers[descriptor.id].plugin
+            raise ValueError(
+                f"EP id {descriptor.id!r} is already provided by plugin {existing!r}"
+            )
+        self.providers[descriptor.id] = descriptor
+
+    def resolve(self, name: str) -> EpDescriptor | None:
+        """An EP by id or by alias (ONNX Runtime's names, e.g. ``CPUExecutionProvider``)."""
+        if name in self.providers:
+            return self.providers[name]
+        for descriptor in self.providers.values():
+            if name in descriptor.aliases:
+                return descriptor
+        return None
+
+    def default_order(self) -> list[str]:
+        """Every installed EP, ``cpu`` last (the default ``providers`` list)."""
+        ids = sorted(self.providers)
+        return [i for i in ids if i != "cpu"] + (["cpu"] if "cpu" in self.providers else [])
+
+
+class Registrar:
+    """What ``nxrt_register`` receives: validates each addition and knows the plugin.
+
+    Additions are staged and committed only when the plugin's hook returns,
+    so a plugin that fails half-way leaves nothing behind.
+    """
+
+    def __init__(self, plugin: str) -> None:
+        self.plugin = plugin
+        self.staged: list[EpDescriptor] = []
+
+    def add_provider(
+        self,
+        id: str,
+        factory: Callable[[EpConfig], ExecutionProvider],
+        *,
+        device_type: str = "cpu",
+        context_sources: Sequence[str] = (),
+        aliases: Sequence[str] = (),
+        description: str = "",
+    ) -> None:
+        """Declare an EP; ``factory(config)`` builds it when a session asks for it."""
+        if not isinstance(id, str) or not id.isidentifier():
+            raise TypeError(f"EP id must be an identifier string, got {id!r}")
+        if not callable(factory):
+            raise TypeError(f"factory of EP {id!r} must be callable, got {factory!r}")
+        if any(d.id == id for d in self.staged):
+            raise ValueError(f"EP {id!r} registered twice by plugin {self.plugin!r}")
+        for source in context_sources:
+            if not isinstance(source, str) or not source:
+                raise TypeError(f"context source keys of EP {id!r} must be non-empty strings")
+        self.staged.append(
+            EpDescriptor(
+                id=id,
+                factory=factory,
+                plugin=self.plugin,
+                device_type=str(device_type),
+                context_sources=tuple(context_sources),
+                aliases=tuple(aliases),
+                description=description,
+            )
+        )
+
+    def add_kernels(self, id: str, ops: OpRegistry) -> None:
+        """Attach a kernel table to an EP this plugin registered."""
+        if not isinstance(ops, OpRegistry):
+            raise TypeError(f"kernels of EP {id!r} must be an OpRegistry, got {type(ops).__name__}")
+        for descriptor in self.staged:
+            if descriptor.id == id:
+                descriptor.ops = ops
+                return
+        raise ValueError(f"plugin {self.plugin!r} adds kernels to EP {id!r} it did not register")

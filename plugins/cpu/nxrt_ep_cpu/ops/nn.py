@@ -1,0 +1,185 @@
+"""Neural-network layers: normalisation, softmax, dense layers and Flatten."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from nxrt.errors import KernelFailed
+
+from nxrt_ep_cpu.ops._registry import op
+
+_EPSILON = float(np.float32(1e-5))  # the schema default, a float32 value
+_MOMENTUM = float(np.float32(0.9))
+
+
+@op("BatchNormalization", since=7)
+def batch_normalization_7(
+    x: np.ndarray,
+    scale: np.ndarray,
+    b: np.ndarray,
+    mean: np.ndarray,
+    var: np.ndarray,
+    /,
+    *,
+    epsilon: float = _EPSILON,
+    momentum: float = _MOMENTUM,
+    spatial: int = 1,
+) -> np.ndarray:
+    """Inference BatchNormalization; ``spatial=0`` gives per-activation statistics.
+
+    With ``spatial=0`` the statistics have shape ``(C, D1, ..., Dn)`` (one
+    value per activation) and broadcast over the batch only.
+    """
+    if spatial:
+        return _batch_norm(x, scale, b, mean, var, epsilon)
+    y = (x - mean) / np.sqrt(var + epsilon) * scale + b
+    return y.astype(x.dtype, copy=False)
+
+
+@op("BatchNormalization", since=9)
+def batch_normalization_9(
+    x: np.ndarray,
+    scale: np.ndarray,
+    b: np.ndarray,
+    mean: np.ndarray,
+    var: np.ndarray,
+    /,
+    *,
+    epsilon: float = _EPSILON,
+    momentum: float = _MOMENTUM,
+) -> np.ndarray:
+    """Inference BatchNormalization, statistics per channel (axis 1)."""
+    return _batch_norm(x, scale, b, mean, var, epsilon)
+
+
+@op("BatchNormalization", since=(14, 15))
+def batch_normalization(
+    x: np.ndarray,
+    scale: np.ndarray,
+    b: np.ndarray,
+    input_mean: np.ndarray,
+    input_var: np.ndarray,
+    /,
+    *,
+    epsilon: float = _EPSILON,
+    momentum: float = _MOMENTUM,
+    training_mode: int = 0,
+) -> np.ndarray:
+    """Inference BatchNormalization (opset 14 on; 15 lets statistics have their own dtype)."""
+    if training_mode:
+        raise KernelFailed(
+            "BatchNormalization with training_mode=1 is not supported by the cpu EP "
+            "(inference only); export the model in eval mode"
+        )
+    return _batch_norm(x, scale, b, input_mean, input_var, epsilon)
+
+
+def _batch_norm(x, scale, b, mean, var, epsilon: float) -> np.ndarray:
+    """Fold the statistics into one multiply-add per channel, in the dtype of ``x``."""
+    factor = scale / np.sqrt(var + epsilon)
+    shift = b - mean * factor
+    shape = (-1,) + (1,) * (x.ndim - 2)
+    factor = factor.astype(x.dtype, copy=False).reshape(shape)
+    shift = shift.astype(x.dtype, copy=False).reshape(shape)
+    y = x * factor
+    y += shift
+    return y
+
+
+@op("LRN", since=(1, 13))
+def lrn(
+    x: np.ndarray,
+    /,
+    *,
+    alpha: float = float(np.float32(1e-4)),
+    beta: float = 0.75,
+    bias: float = 1.0,
+    size: int,
+) -> np.ndarray:
+    """Local response normalisation across channels (axis 1), window of ``size`` channels."""
+    square = np.square(x)
+    before, after = (size - 1) // 2, size // 2  # floor and ceil of (size - 1) / 2
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (before, after)
+    windows = sliding_window_view(np.pad(square, widths), size, axis=1)
+    total = windows.sum(axis=-1)
+    return x / (bias + (alpha / size) * total) ** beta
+
+
+@op("Softmax", since=(1, 11))
+def softmax_1(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
+    """Softmax over the flattened axes ``axis..`` (the input seen as 2-D, opsets 1 and 11)."""
+    return _softmax(_as_2d(x, axis), axis=1).reshape(x.shape)
+
+
+@op("Softmax", since=13)
+def softmax(x: np.ndarray, /, *, axis: int = -1) -> np.ndarray:
+    """Softmax along one axis (opset 13 semantics)."""
+    return _softmax(x, axis)
+
+
+@op("LogSoftmax", since=(1, 11))
+def log_softmax_1(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
+    """LogSoftmax over the flattened axes ``axis..`` (opsets 1 and 11)."""
+    return _log_softmax(_as_2d(x, axis), axis=1).reshape(x.shape)
+
+
+@op("LogSoftmax", since=13)
+def log_softmax(x: np.ndarray, /, *, axis: int = -1) -> np.ndarray:
+    """LogSoftmax along one axis (opset 13 semantics)."""
+    return _log_softmax(x, axis)
+
+
+def _as_2d(x: np.ndarray, axis: int) -> np.ndarray:
+    axis = axis + x.ndim if axis < 0 else axis
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    y = x - np.max(x, axis=axis, keepdims=True)
+    np.exp(y, out=y)
+    y /= np.sum(y, axis=axis, keepdims=True)
+    return y
+
+
+def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    y = x - np.max(x, axis=axis, keepdims=True)
+    y -= np.log(np.sum(np.exp(y), axis=axis, keepdims=True))
+    return y
+
+
+@op("Gemm", since=(7, 9, 11, 13))
+def gemm(
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray | None = None,
+    /,
+    *,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    transA: int = 0,
+    transB: int = 0,
+) -> np.ndarray:
+    """``alpha * A' @ B' + beta * C``; C broadcasts to ``(M, N)`` (optional from opset 11)."""
+    y = np.matmul(a.T if transA else a, b.T if transB else b)
+    if alpha != 1.0:
+        y = np.multiply(y, alpha, out=y, casting="unsafe")
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = c * beta
+        np.add(y, c, out=y, casting="unsafe")
+    return y
+
+
+@op("MatMul", since=(1, 9, 13))
+def mat_mul(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
+    """Matrix product with numpy's rules for 1-D operands and batch broadcasting."""
+    return np.matmul(a, b)
+
+
+@op("Flatten", since=(1, 9, 11, 13, 21, 23, 24, 25), view_output=0)
+def flatten(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
+    """The input as 2-D: axes before ``axis`` become rows, the rest columns (a view)."""
+    return _as_2d(x, axis)

@@ -1,0 +1,227 @@
+"""Max and average pooling, reduced one kernel tap at a time over padded strided views."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nxrt_ep_cpu.ops._registry import op
+from nxrt_ep_cpu.ops._spatial import Windows, lowest, pad_for, tap_views, windows
+
+
+@op("MaxPool", since=1)
+def max_pool_1(
+    x: np.ndarray,
+    /,
+    *,
+    auto_pad: str = "NOTSET",
+    kernel_shape: list[int],
+    pads: list[int] | None = None,
+    strides: list[int] | None = None,
+) -> np.ndarray:
+    """MaxPool before opset 8: no Indices output, no dilations, floor rounding."""
+    win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
+    return _max(x, win)
+
+
+@op("MaxPool", since=8)
+def max_pool_8(
+    x: np.ndarray,
+    /,
+    *,
+    auto_pad: str = "NOTSET",
+    kernel_shape: list[int],
+    pads: list[int] | None = None,
+    storage_order: int = 0,
+    strides: list[int] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """MaxPool with its optional Indices output (opset 8 adds it and ``storage_order``)."""
+    win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
+    return _max_with_indices(x, win, storage_order)
+
+
+@op("MaxPool", since=(10, 11, 12, 22))
+def max_pool(
+    x: np.ndarray,
+    /,
+    *,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    dilations: list[int] | None = None,
+    kernel_shape: list[int],
+    pads: list[int] | None = None,
+    storage_order: int = 0,
+    strides: list[int] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """MaxPool with ``ceil_mode`` and ``dilations`` (opset 10 on)."""
+    win = windows(
+        x.shape[2:],
+        kernel_shape,
+        strides=strides,
+        dilations=dilations,
+        pads=pads,
+        auto_pad=auto_pad,
+        ceil_mode=ceil_mode,
+    )
+    return _max_with_indices(x, win, storage_order)
+
+
+@op("AveragePool", since=1)
+def average_pool_1(
+    x: np.ndarray,
+    /,
+    *,
+    auto_pad: str = "NOTSET",
+    kernel_shape: list[int],
+    pads: list[int] | None = None,
+    strides: list[int] | None = None,
+) -> np.ndarray:
+    """AveragePool before opset 7: padding is never counted."""
+    win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
+    return _average(x, win, count_include_pad=0)
+
+
+@op("AveragePool", since=7)
+def average_pool_7(
+    x: np.ndarray,
+    /,
+    *,
+    auto_pad: str = "NOTSET",
+    count_include_pad: int = 0,
+    kernel_shape: list[int],
+    pads: list[int] | None = None,
+    strides: list[int] | None = None,
+) -> np.ndarray:
+    """AveragePool with ``count_include_pad`` (opset 7)."""
+    win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
+    return _average(x, win, count_include_pad)
+
+
+@op("AveragePool", since=(10, 11))
+def average_pool_10(
+    x: np.ndarray,
+    /,
+    *,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    count_include_pad: int = 0,
+    kernel_shape: list[int],
+    pads: list[int] | None = None,
+    strides: list[int] | None = None,
+) -> np.ndarray:
+    """AveragePool with ``ceil_mode`` (opset 10)."""
+    win = windows(
+        x.shape[2:],
+        kernel_shape,
+        strides=strides,
+        pads=pads,
+        auto_pad=auto_pad,
+        ceil_mode=ceil_mode,
+    )
+    return _average(x, win, count_include_pad)
+
+
+@op("AveragePool", since=(19, 22))
+def average_pool(
+    x: np.ndarray,
+    /,
+    *,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    count_include_pad: int = 0,
+    dilations: list[int] | None = None,
+    kernel_shape: list[int],
+    pads: list[int] | None = None,
+    strides: list[int] | None = None,
+) -> np.ndarray:
+    """AveragePool with ``dilations`` (opset 19)."""
+    win = windows(
+        x.shape[2:],
+        kernel_shape,
+        strides=strides,
+        dilations=dilations,
+        pads=pads,
+        auto_pad=auto_pad,
+        ceil_mode=ceil_mode,
+    )
+    return _average(x, win, count_include_pad)
+
+
+@op("GlobalAveragePool", since=(1, 22))
+def global_average_pool(x: np.ndarray, /) -> np.ndarray:
+    """Mean over every spatial axis, kept as size-1 axes."""
+    return np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+@op("GlobalMaxPool", since=(1, 22))
+def global_max_pool(x: np.ndarray, /) -> np.ndarray:
+    """Max over every spatial axis, kept as size-1 axes."""
+    return np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+def _max(x: np.ndarray, win: Windows) -> np.ndarray:
+    xp = pad_for(x, win, lowest(x.dtype))
+    taps = tap_views(xp, win)
+    _, first = next(taps)
+    y = first.copy()
+    for _, view in taps:
+        np.maximum(y, view, out=y)
+    return y
+
+
+def _max_with_indices(
+    x: np.ndarray, win: Windows, storage_order: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Max and the flat index of its first occurrence in ``x`` (ONNX's Indices rule).
+
+    Indices ignore padding and count over ``N x C x spatial``; with
+    ``storage_order=1`` the spatial part is column-major.
+    """
+    n, c = x.shape[:2]
+    spatial = x.shape[2:]
+    rank = len(spatial)
+    if storage_order:
+        scale = [math.prod(spatial[:i]) for i in range(rank)]
+    else:
+        scale = [math.prod(spatial[i + 1 :]) for i in range(rank)]
+    starts = [np.arange(o) * s - b for o, s, b in zip(win.out, win.strides, win.begin, strict=True)]
+    xp = pad_for(x, win, lowest(x.dtype))
+    y = np.full((n, c) + win.out, lowest(x.dtype), dtype=x.dtype)
+    arg = np.zeros((n, c) + win.out, dtype=np.int64)
+    better = np.empty(y.shape, dtype=bool)
+    for tap, view in tap_views(xp, win):
+        offset = np.zeros(win.out, dtype=np.int64)
+        for axis in range(rank):
+            shape = [1] * rank
+            shape[axis] = win.out[axis]
+            coord = starts[axis] + tap[axis] * win.dilations[axis]
+            offset = offset + (coord * scale[axis]).reshape(shape)
+        np.greater(view, y, out=better)
+        np.copyto(y, view, where=better)
+        np.copyto(arg, offset, where=better)
+    arg += (np.arange(n * c, dtype=np.int64) * math.prod(spatial)).reshape((n, c) + (1,) * rank)
+    return y, arg
+
+
+def _average(x: np.ndarray, win: Windows, count_include_pad: int) -> np.ndarray:
+    """Sum over taps on a zero-padded input, divided by each window's element count.
+
+    The count is separable: per axis, how many of a window's taps land inside
+    the input (or inside the declared padding when ``count_include_pad``).
+    """
+    xp = pad_for(x, win, 0)
+    total = np.zeros(x.shape[:2] + win.out, dtype=x.dtype)
+    for _, view in tap_views(xp, win):
+        total += view
+    divisor = np.ones((), dtype=np.int64)
+    for i, size in enumerate(x.shape[2:]):
+        b, e = win.begin[i], win.end[i]
+        # each tap's position in padded coordinates, one row per window
+        pos = np.arange(win.out[i])[:, None] * win.strides[i]
+        pos = pos + np.arange(win.kernel[i])[None, :] * win.dilations[i]
+        lo, hi = (0, size + b + e) if count_include_pad else (b, b + size)
+        count = ((pos >= lo) & (pos < hi)).sum(axis=1)
+        divisor = np.multiply.outer(divisor, count)
+    total /= divisor.astype(x.dtype)
+    return total

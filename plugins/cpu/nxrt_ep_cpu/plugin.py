@@ -1,0 +1,53 @@
+"""Hook implementations of the cpu EP (and nothing else)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import nxrt
+from nxrt.weight import ExecutionProviderCapabilities
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.kernel import KernelMatch
+    from nxrt.provider import EpConfig, ExecutionProvider
+    from nxrt.registry import Registrar
+
+EP_ID = "cpu"
+
+
+def _create(config: EpConfig) -> ExecutionProvider:
+    from nxrt_ep_cpu.provider import CpuExecutionProvider
+
+    return CpuExecutionProvider(config)
+
+
+@nxrt.hookimpl
+def nxrt_register(registry: Registrar) -> None:
+    from nxrt_ep_cpu.ops import CPU_OPS
+
+    registry.add_provider(
+        EP_ID,
+        _create,
+        device_type="cpu",
+        aliases=("CPUExecutionProvider",),
+        description="numpy kernels for the ONNX standard opset",
+    )
+    registry.add_kernels(EP_ID, CPU_OPS)
+
+
+@nxrt.hookimpl
+def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities | None:
+    if ep.id != EP_ID:
+        return None
+    return ExecutionProviderCapabilities.from_flags(
+        ["device:cpu", "dtype:float32", "dtype:float64", "dtype:int64", "dtype:int32"]
+    )
+
+
+@nxrt.hookimpl
+def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> KernelMatch | None:
+    if ep.id != EP_ID or ep.ops is None:
+        return None
+    return ep.ops.match(node, opset)

@@ -1,0 +1,126 @@
+"""HostParallel: ordered parallel map, error propagation and BLAS thread caps."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from nxrt.errors import InvalidArgument
+from nxrt.host_parallel import HostParallel
+from threadpoolctl import threadpool_info
+
+
+def blas_threads() -> list[int]:
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+needs_blas = pytest.mark.skipif(not blas_threads(), reason="no BLAS library is loaded")
+
+
+def test_map_keeps_item_order() -> None:
+    with HostParallel(4) as pool:
+        assert pool.threads == 4
+
+        def slow_square(x: int) -> int:
+            time.sleep(0.001 * (8 - x))
+            return x * x
+
+        assert pool.map(slow_square, range(8)) == [x * x for x in range(8)]
+        assert pool.map(slow_square, []) == []
+
+
+def test_map_runs_on_pool_threads() -> None:
+    with HostParallel(3) as pool:
+        barrier = threading.Barrier(3, timeout=10)
+
+        def meet(_: int) -> str:
+            barrier.wait()
+            return threading.current_thread().name
+
+        names = pool.map(meet, range(3))
+    assert len(set(names)) == 3
+    assert all(name.startswith("nxrt-host") for name in names)
+
+
+def test_exceptions_propagate_to_the_caller() -> None:
+    def fail_on_three(x: int) -> int:
+        if x == 3:
+            raise ValueError("item 3 is bad")
+        return x
+
+    with HostParallel(2) as pool:
+        with pytest.raises(ValueError, match="item 3 is bad"):
+            pool.map(fail_on_three, range(10))
+        assert pool.map(abs, [-1, -2]) == [1, 2], "the pool stays usable after an error"
+    with pytest.raises(ValueError, match="item 3 is bad"):
+        HostParallel(1).map(fail_on_three, range(5))
+
+
+def test_one_thread_runs_inline_and_starts_no_pool() -> None:
+    pool = HostParallel(1)
+    caller = threading.current_thread()
+    assert pool.map(lambda _: threading.current_thread(), range(3)) == [caller] * 3
+    assert pool._executor is None
+    pool.close()
+
+
+def test_threads_start_lazily_and_default_to_the_cores() -> None:
+    pool = HostParallel()
+    assert pool.threads == (os.cpu_count() or 1)
+    assert HostParallel(0).threads == pool.threads
+    assert pool._executor is None
+    with pytest.raises(InvalidArgument):
+        HostParallel(-2)
+
+
+def test_nested_map_runs_inline() -> None:
+    with HostParallel(2) as pool:
+        result = pool.map(lambda x: sum(pool.map(lambda y: x * y, range(3))), range(4))
+    assert result == [3 * x for x in range(4)]
+
+
+def test_split_gives_contiguous_near_equal_ranges() -> None:
+    pool = HostParallel(3)
+    assert pool.split(10) == [range(0, 4), range(4, 7), range(7, 10)]
+    assert pool.split(10, 4) == [range(0, 3), range(3, 6), range(6, 8), range(8, 10)]
+    assert pool.split(2, 5) == [range(0, 1), range(1, 2)]
+    assert pool.split(0, 4) == []
+    with pytest.raises(InvalidArgument):
+        pool.split(5, 0)
+
+
+@needs_blas
+def test_blas_limits_cap_blas_threads() -> None:
+    before = blas_threads()
+    with HostParallel(1) as pool:
+        with pool.blas_limits() as limit:
+            assert limit == 1
+            assert blas_threads() == [1] * len(before)
+    assert blas_threads() == before
+    with HostParallel(2) as pool:
+        with pool.blas_limits() as limit:
+            assert limit == 2
+            assert blas_threads() == [min(2, n) for n in before]
+        seen = pool.map(lambda _: blas_threads(), range(4))
+        assert seen == [[1] * len(before)] * 4, "BLAS gets one thread per busy pool thread"
+
+        def inside(_: int) -> int:
+            with pool.blas_limits() as limit:
+                return limit
+
+        assert pool.map(inside, range(2)) == [1, 1]
+    assert blas_threads() == before
+
+
+def test_close_stops_the_pool() -> None:
+    pool = HostParallel(2)
+    assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+    executor = pool._executor
+    assert executor is not None
+    pool.close()
+    assert pool._executor is None
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.map(abs, [-1, -2])
+    pool.close()
