@@ -7,7 +7,6 @@ import numpy as np
 import pluggy
 import pytest
 from onnx import TensorProto, helper
-from toy_plugin import TOY_OPS, ToyPlugin
 
 import nxrt
 from nxrt import hookspecs
@@ -24,6 +23,7 @@ from nxrt.provider import EpConfig
 from nxrt.registry import EpDescriptor
 from nxrt.testing import register_plugin
 from nxrt.weight import ExecutionProviderCapabilities
+from toy_plugin import TOY_OPS, ToyPlugin
 
 
 def chain_model(ops=("Add", "Relu", "Neg", "Relu"), opset=17):
@@ -314,7 +314,9 @@ def test_a_claim_of_a_node_taken_ahead_is_refused(cpu_pm):
         return list(nodes)
 
     with register_plugin(cpu_pm, ToyPlugin(ep_id="first"), "first"):
-        with register_plugin(cpu_pm, ToyPlugin(ep_id="second", claims=True, claim_picker=pick), "s"):
+        with register_plugin(
+            cpu_pm, ToyPlugin(ep_id="second", claims=True, claim_picker=pick), "s"
+        ):
             # "first" takes Add and Relu; "second" is only offered what is left.
             session = nxrt.InferenceSession(
                 chain_model(), providers=["first", "second"], plugin_manager=cpu_pm

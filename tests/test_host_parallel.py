@@ -7,9 +7,10 @@ import threading
 import time
 
 import pytest
+from threadpoolctl import threadpool_info
+
 from nxrt.errors import InvalidArgument
 from nxrt.host_parallel import HostParallel
-from threadpoolctl import threadpool_info
 
 
 def blas_threads() -> list[int]:

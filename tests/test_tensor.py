@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 import pytest
+
 from nxrt.errors import AlignmentError, InvalidArgument, InvalidTensorView
 from nxrt.tensor import ExternalMmapRegion, TensorMut, TensorView
 

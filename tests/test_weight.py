@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import onnx_ir as ir
 import pytest
+
 from nxrt.errors import InvalidResident, MissingRegions, Unsupported, WeightHandleError
 from nxrt.tensor import ExternalMmapRegion
 from nxrt.weight import (

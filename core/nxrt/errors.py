@@ -33,9 +33,7 @@ class NoEpForOp(NxrtError):
 class KernelFailed(NxrtError):
     """A kernel raised while computing; names the node, op and EP when known."""
 
-    def __init__(
-        self, message: str, *, node: str = "", op_type: str = "", ep: str = ""
-    ) -> None:
+    def __init__(self, message: str, *, node: str = "", op_type: str = "", ep: str = "") -> None:
         self.message, self.node, self.op_type, self.ep = message, node, op_type, ep
         where = f" in node {node!r} ({op_type}) on EP {ep!r}" if node or op_type else ""
         super().__init__(f"kernel execution failed{where}: {message}")

@@ -99,7 +99,8 @@ class Plan:
             except KernelFailed as exc:
                 if exc.node:
                     raise
-                raise KernelFailed(exc.message, node=step.name, op_type=step.op_type, ep=step.ep)
+                where = {"node": step.name, "op_type": step.op_type, "ep": step.ep}
+                raise KernelFailed(exc.message, **where) from exc.__cause__
             except NxrtError as exc:
                 raise KernelFailed(
                     f"{type(exc).__name__}: {exc}", node=step.name, op_type=step.op_type, ep=step.ep

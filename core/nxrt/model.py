@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
 
-
 def read_proto(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.ModelProto:
     """Parse the model without loading external data (that is mapped lazily)."""
     if isinstance(model, onnx.ModelProto):

@@ -104,7 +104,9 @@ class PartitionReport:
             lines.append(f"  copy {copy.value}: {copy.from_device} -> {copy.to_device}")
         for placement in self.fallbacks():
             why = "; ".join(f"{ep}: {reason}" for ep, reason in placement.refusals)
-            lines.append(f"  fallback {placement.node} ({placement.op_type}) -> {placement.ep}: {why}")
+            lines.append(
+                f"  fallback {placement.node} ({placement.op_type}) -> {placement.ep}: {why}"
+            )
         for claim, reason in self.refused_claims:
             lines.append(f"  refused claim {claim}: {reason}")
         return "\n".join(lines)

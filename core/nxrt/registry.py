@@ -200,9 +200,7 @@ class EpRegistry:
     def add(self, descriptor: EpDescriptor) -> None:
         if descriptor.id in self.providers:
             existing = self.providers[descriptor.id].plugin
-            raise ValueError(
-                f"EP id {descriptor.id!r} is already provided by plugin {existing!r}"
-            )
+            raise ValueError(f"EP id {descriptor.id!r} is already provided by plugin {existing!r}")
         self.providers[descriptor.id] = descriptor
 
     def resolve(self, name: str) -> EpDescriptor | None:

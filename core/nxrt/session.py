@@ -89,7 +89,9 @@ def _describe_values(values: Sequence[ir.Value]) -> list[NodeArg]:
     for value in values:
         shape: list[int | str | None] = []
         if value.shape is not None:
-            shape = [d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape]
+            shape = [
+                d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape
+            ]
         elem = int(value.dtype) if value.dtype is not None else onnx.TensorProto.UNDEFINED
         args.append(NodeArg(value.name, shape, type_string(elem)))
     return args
@@ -153,8 +155,12 @@ class InferenceSession:
         self._report = placement.report
         self._plan = self._build_plan(placement)
         initializer_names = set(graph.initializers)
-        self._inputs = _describe_values([v for v in graph.inputs if v.name not in initializer_names])
-        self._overridable = _describe_values([v for v in graph.inputs if v.name in initializer_names])
+        self._inputs = _describe_values(
+            [v for v in graph.inputs if v.name not in initializer_names]
+        )
+        self._overridable = _describe_values(
+            [v for v in graph.inputs if v.name in initializer_names]
+        )
         self._outputs = _describe_values(graph.outputs)
         self._input_dtypes = {a.name: v for a, v in zip(self._inputs, self._input_values())}
         self._profiler = None

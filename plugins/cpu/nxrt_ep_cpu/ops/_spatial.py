@@ -102,8 +102,8 @@ def windows(
 def pad_for(x: np.ndarray, win: Windows, value: float | int) -> np.ndarray:
     """``x`` with exactly the padding its windows touch, filled with ``value``.
 
-    Returns ``x`` itself (no copy) when the windows need no padding. Padding a
-    window reaches past the declared pads (``ceil_mode``) also gets ``value``.
+    Returns ``x`` itself (no copy) when the windows need no padding. Where a
+    window runs past the declared pads (``ceil_mode``), that area gets ``value`` too.
     """
     lead = (slice(None),) * (x.ndim - len(win.kernel))
     x = x[lead + tuple(slice(max(-b, 0), None) for b in win.begin)]

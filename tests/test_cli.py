@@ -1,0 +1,99 @@
+"""The ``nxrt`` command, run as a user runs it: in a subprocess, with the real plugins."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def nxrt(*args: str, env: dict[str, str] | None = None, ok: bool = True, cwd=None):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NXRT_")}
+    full_env.update(env or {})
+    result = subprocess.run(
+        [sys.executable, "-m", "nxrt.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+    )
+    if ok:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_providers_lists_the_cpu_ep():
+    info = json.loads(nxrt("providers", "--json").stdout)
+    (cpu,) = [p for p in info["providers"] if p["id"] == "cpu"]
+    assert cpu["distribution"] == "nxrt-ep-cpu" and cpu["device_type"] == "cpu"
+    assert "device:cpu" in cpu["capabilities"] and cpu["ops"] > 20
+    assert "nxrt_register" in cpu["hooks"]
+    table = nxrt("providers", "-v").stdout
+    assert "cpu" in table and "nxrt-ep-cpu" in table and "hooks nxrt_ep_capabilities" in table
+
+
+def test_providers_honours_the_plugin_switches():
+    assert (
+        json.loads(nxrt("providers", "--json", env={"NXRT_PLUGINS": ""}).stdout)["providers"] == []
+    )
+    disabled = nxrt("providers", "--json", env={"NXRT_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert json.loads(disabled.stdout)["providers"] == []
+    allowed = nxrt("providers", "--json", env={"NXRT_PLUGINS": "cpu"})
+    assert [p["id"] for p in json.loads(allowed.stdout)["providers"]] == ["cpu"]
+
+
+def test_providers_shows_a_broken_plugin_with_its_reason(tmp_path):
+    dist = tmp_path / "nxrt_ep_broken-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nxrt-ep-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[nxrt]\nbroken = nxrt_ep_broken\n")
+    (tmp_path / "nxrt_ep_broken.py").write_text("raise ImportError('libbroken.so: not found')\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    info = json.loads(nxrt("providers", "--json", env=env).stdout)
+    assert [p["id"] for p in info["providers"]] == ["cpu"]  # the others keep working
+    (failure,) = info["failed"]
+    assert failure["path"] == "nxrt_ep_broken" and "libbroken.so: not found" in failure["reason"]
+    assert "libbroken.so: not found" in nxrt("providers", env=env).stdout
+
+
+def test_run_without_a_model_classifies_the_embedded_digits():
+    out = nxrt("run", "--repeat", "3").stdout
+    assert "embedded digits_cnn.onnx" in out
+    assert "cpu         9" in out  # the partition: nodes per EP
+    assert "accuracy: 98.22%" in out
+    assert "latency: median" in out and "over 3 run(s)" in out
+
+
+def test_run_a_model_with_an_input_file_and_a_profile(tmp_path):
+    import numpy as np
+
+    model = LIGHT_DIR / "light_squeezenet.onnx"
+    feed = tmp_path / "x.npy"
+    np.save(feed, np.zeros((1, 3, 224, 224), np.float32))
+    result = nxrt(
+        "run", str(model), "--input", f"data_0={feed}", "--profile", "--ep", "cpu", cwd=tmp_path
+    )
+    assert "softmaxout_1: float32[1, 1000, 1, 1]" in result.stdout
+    (trace,) = tmp_path.glob("nxrt_profile_*.json")
+    assert f"profile: {trace}" in result.stdout
+    assert len(json.loads(trace.read_text())["traceEvents"]) == 105  # one span per node
+
+
+def test_partition_reports_every_node(tmp_path):
+    report = json.loads(nxrt("partition", str(LIGHT_DIR / "light_resnet50.onnx"), "--json").stdout)
+    assert report["nodes_per_ep"]["cpu"] == 415 and report["copies"] == []
+
+
+def test_a_bad_model_is_a_typed_error_not_a_traceback(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01 not a model")
+    result = nxrt("run", str(bad), ok=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith("nxrt: InvalidModel:") and "Traceback" not in result.stderr
+    assert bad.read_bytes() == b"\x00\x01 not a model"
