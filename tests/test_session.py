@@ -171,7 +171,9 @@ def test_buffers_are_freed_after_their_last_use(cpu_pm):
 
 
 def test_view_outputs_are_zero_copy_but_never_expose_weights(cpu_pm):
-    session = nxrt.InferenceSession(mlp_model(), providers=["cpu"], plugin_manager=cpu_pm)
+    options = nxrt.SessionOptions()
+    options.graph_optimization_level = nxrt.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = nxrt.InferenceSession(mlp_model(), options, providers=["cpu"], plugin_manager=cpu_pm)
     view_step = next(s for s in session._plan.steps if s.op_type == "Reshape")
     assert view_step.kernel.view_output == 0
     weight = session._plan.constants[session._plan.slot_names.index("w2")]
@@ -182,6 +184,19 @@ def test_view_outputs_are_zero_copy_but_never_expose_weights(cpu_pm):
     flat[:] = 0  # the user may write to what they get; the weight is untouched
     np.testing.assert_allclose(
         session.run(None, {"x": X})[0], ort_run(mlp_model(), {"x": X})[0], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_constant_subgraphs_are_folded_at_creation(cpu_pm):
+    session = nxrt.InferenceSession(mlp_model(), providers=["cpu"], plugin_manager=cpu_pm)
+    folded = [p.node for p in session.get_partition().nodes if p.folded]
+    assert folded == ["view"]
+    assert [s.name for s in session._plan.steps] == ["fc1", "relu", "fc2", "softmax"]
+    assert "1 node(s) folded into constants" in str(session.get_partition())
+    (flat,) = session.run(["w2_flat"], {"x": X})
+    flat[:] = 0  # a folded constant handed out is a copy: the next run is unaffected
+    np.testing.assert_array_equal(
+        session.run(["w2_flat"], {"x": X})[0], ort_run(mlp_model(), {"x": X})[1]
     )
 
 
@@ -355,6 +370,6 @@ def test_profiling_writes_a_chrome_trace(cpu_pm, tmp_path):
     session.run(None, {"x": X})
     path = session.end_profiling()
     events = json.loads(open(path).read())["traceEvents"]
-    assert [e["args"]["op_type"] for e in events] == ["Gemm", "Relu", "Gemm", "Softmax", "Reshape"]
+    assert [e["args"]["op_type"] for e in events] == ["Gemm", "Relu", "Gemm", "Softmax"]
     assert events[0]["args"]["ep"] == "cpu" and events[0]["args"]["flops"] > 0
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)

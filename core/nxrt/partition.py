@@ -33,6 +33,7 @@ class NodePlacement:
     claim: str = ""
     refusals: list[tuple[str, str]] = field(default_factory=list)
     match: KernelMatch | None = None
+    folded: bool = False  # computed once at session creation (constant folding)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class PartitionReport:
             "nodes_per_ep": self.nodes_per_ep(),
             "partitions": [{"ep": ep, "nodes": nodes} for ep, nodes in self.partitions],
             "copies": [vars(c) for c in self.copies],
+            "folded": [p.node for p in self.nodes if p.folded],
             "fallbacks": [
                 {"node": p.node, "op_type": p.op_type, "ep": p.ep, "refused_by": p.refusals}
                 for p in self.fallbacks()
@@ -96,7 +98,10 @@ class PartitionReport:
         for ep, count in self.nodes_per_ep().items():
             lines.append(f"{ep:<11} {count}")
         parts = self.partitions
+        folded = sum(p.folded for p in self.nodes)
         lines.append(f"{len(parts)} partition(s), {len(self.copies)} copy(ies)")
+        if folded:
+            lines.append(f"{folded} node(s) folded into constants at session creation")
         for i, (ep, nodes) in enumerate(parts):
             shown = ", ".join(nodes[:4]) + (f", ... ({len(nodes)} nodes)" if len(nodes) > 4 else "")
             lines.append(f"  [{i}] {ep}: {shown}")

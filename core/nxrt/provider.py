@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.epcontext import EpContext
+    from nxrt.host_parallel import HostParallel
     from nxrt.registry import KernelEntry, OpRegistry
 
 #: An EP's identifier, e.g. ``"cpu"``.
@@ -63,6 +64,8 @@ class ExecutionProvider:
     def __init__(self, config: EpConfig | None = None, ops: OpRegistry | None = None) -> None:
         self.config = config or EpConfig()
         self.ops = ops
+        #: The session's thread pool, lent to kernels for intra-op work (set by the session).
+        self.parallel: HostParallel | None = None
         self._initialized = False
 
     # -- lifecycle ----------------------------------------------------------------------------

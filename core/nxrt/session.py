@@ -19,6 +19,7 @@ import onnx
 from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel, NxrtError
 from nxrt.executor import NO_SLOT, CopyKernel, Plan, Profiler, Step
 from nxrt.host import Host, NxrtPluginManager
+from nxrt.host_parallel import HostParallel
 from nxrt.model import load_model, numpy_dtype, type_string
 from nxrt.partition import Copy, PartitionReport, partition
 from nxrt.provider import EpConfig, ExecutionProvider
@@ -33,6 +34,18 @@ if TYPE_CHECKING:
 DISABLE_CPU_EP_FALLBACK = "session.disable_cpu_ep_fallback"
 DISABLE_MODEL_COMPILE = "session.disable_model_compile"
 FALLBACK_EP = "cpu"
+#: Ops whose result changes from run to run, and so are never constant-folded.
+NONDETERMINISTIC_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+GRAPH_ATTRIBUTES = ("GRAPH", "GRAPHS")
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -143,6 +156,7 @@ class InferenceSession:
         from nxrt import default_plugin_manager
 
         self._options = sess_options or SessionOptions()
+        self._parallel = HostParallel(self._options.intra_op_num_threads or None)
         self._host = Host(plugin_manager or default_plugin_manager())
         self._registry = self._host.build_registry()
         self._model, self._base_dir = load_model(path_or_bytes)
@@ -214,6 +228,7 @@ class InferenceSession:
         if not isinstance(ep, ExecutionProvider):
             raise TypeError(f"factory returned {type(ep).__name__}, not an ExecutionProvider")
         ep.id = descriptor.id
+        ep.parallel = self._parallel
         if ep.ops is None:
             ep.ops = descriptor.ops
         ep.initialize()
@@ -273,6 +288,7 @@ class InferenceSession:
 
         producers: dict[str, ExecutionProvider] = {}
         nodes = list(graph)
+        fold = self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_BASIC
         compiled: set[int] = set()
         for i, node in enumerate(nodes):
             ep = eps[placement.node_ep[i]]
@@ -296,6 +312,9 @@ class InferenceSession:
                 name, op_type = node.name, node.op_type
                 flops = match.cost.flops if match and match.cost else 0
                 bytes_ = match.cost.bytes if match and match.cost else 0
+            if claim_index is None and fold and self._fold(node, kernel, ep, constants, slot):
+                report.nodes[i].folded = True
+                continue
             step = Step(
                 kernel,
                 [read(n, ep) for n in ins],
@@ -319,6 +338,34 @@ class InferenceSession:
         plan = Plan(list(slots), constants, input_slots, output_slots, steps, output_hosts)
         plan.finish()
         return plan
+
+    @staticmethod
+    def _fold(
+        node: ir.Node,
+        kernel: Any,
+        ep: ExecutionProvider,
+        constants: dict[int, Any],
+        slot: Any,
+    ) -> bool:
+        """Constant folding: compute a node whose inputs are all constants once, now."""
+        if node.op_type in NONDETERMINISTIC_OPS or ep.device_type != "cpu":
+            return False
+        if any(attr.type.name in GRAPH_ATTRIBUTES for attr in node.attributes.values()):
+            return False
+        names = [v.name if v is not None else "" for v in node.inputs]
+        if not all(not name or slot(name) in constants for name in names):
+            return False
+        try:
+            results = kernel.compute([constants[slot(n)] if n else None for n in names])
+        except Exception:  # noqa: BLE001 - left in the plan, so the error surfaces at run time
+            return False
+        for value, result in zip(node.outputs, results):
+            if value.name:
+                if isinstance(result, np.ndarray):
+                    result = result.view()
+                    result.flags.writeable = False
+                constants[slot(value.name)] = result
+        return True
 
     def _input_values(self) -> list[ir.Value]:
         names = {a.name for a in self._inputs}
@@ -371,7 +418,8 @@ class InferenceSession:
         """Compute ``output_names`` (all when ``None``) from ``input_feed``."""
         wanted = self._check_output_names(output_names)
         feeds = self._check_feeds(input_feed)
-        return self._plan.execute(feeds, wanted, self._profiler)
+        with self._parallel.blas_limits():
+            return self._plan.execute(feeds, wanted, self._profiler)
 
     def _check_output_names(self, output_names: Sequence[str] | None) -> list[str]:
         if not output_names:

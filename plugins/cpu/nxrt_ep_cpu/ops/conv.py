@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from nxrt.errors import KernelFailed
 
+from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops._spatial import Windows, pad_for, tap_views, windows
 
@@ -81,13 +81,16 @@ def _im2col(x: np.ndarray, w: np.ndarray, win: Windows, group: int) -> np.ndarra
 
 def _depthwise(x: np.ndarray, w: np.ndarray, win: Windows) -> np.ndarray:
     """One filter per channel: accumulate ``tap value * weight`` over the kernel taps."""
-    n, c = x.shape[:2]
+    c = x.shape[1]
     xp = pad_for(x, win, 0)
-    ones = (1,) * len(win.out)
-    dtype = np.result_type(x, w)
-    y = np.zeros((n, c) + win.out, dtype=dtype)
-    scratch = np.empty_like(y)
-    for tap, view in tap_views(xp, win):
-        np.multiply(view, w[(slice(None), 0) + tap].reshape((c,) + ones), out=scratch)
-        y += scratch
+    # per tap, the weight of every channel, shaped to broadcast over the output
+    weights = w.reshape(c, win.taps).T.reshape((win.taps, c) + (1,) * len(win.out))
+    y = scratch = None
+    for i, (_, view) in enumerate(tap_views(xp, win)):
+        if y is None:
+            y = np.multiply(view, weights[i])
+            scratch = np.empty_like(y)
+        else:
+            np.multiply(view, weights[i], out=scratch)
+            y += scratch
     return y

@@ -7,8 +7,8 @@ numpy casts to the array's dtype instead of promoting to float64.
 from __future__ import annotations
 
 import numpy as np
-from nxrt.errors import KernelFailed
 
+from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -141,7 +141,9 @@ def clip_6(
 
 
 @op("Clip", since=(11, 12, 13))
-def clip(x: np.ndarray, min: np.ndarray | None = None, max: np.ndarray | None = None, /):
+def clip(
+    x: np.ndarray, min: np.ndarray | None = None, max: np.ndarray | None = None, /
+) -> np.ndarray:
     """Clip with optional scalar ``min``/``max`` inputs (opset 11 on)."""
     lo = None if min is None else min.reshape(()).astype(x.dtype, copy=False)
     hi = None if max is None else max.reshape(()).astype(x.dtype, copy=False)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from nxrt.errors import KernelFailed
 
+from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 
 

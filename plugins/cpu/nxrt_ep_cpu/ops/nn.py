@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
-from nxrt.errors import KernelFailed
 
+from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 
 _EPSILON = float(np.float32(1e-5))  # the schema default, a float32 value
@@ -99,12 +98,14 @@ def lrn(
     size: int,
 ) -> np.ndarray:
     """Local response normalisation across channels (axis 1), window of ``size`` channels."""
-    square = np.square(x)
-    before, after = (size - 1) // 2, size // 2  # floor and ceil of (size - 1) / 2
+    c = x.shape[1]
+    before = (size - 1) // 2  # floor((size - 1) / 2) channels before, the rest after
     widths = [(0, 0)] * x.ndim
-    widths[1] = (before, after)
-    windows = sliding_window_view(np.pad(square, widths), size, axis=1)
-    total = windows.sum(axis=-1)
+    widths[1] = (before, size - 1 - before)
+    square = np.pad(np.square(x), widths)
+    total = square[:, 0:c].copy()
+    for i in range(1, size):  # one pass per channel offset in the window
+        total += square[:, i : i + c]
     return x / (bias + (alpha / size) * total) ** beta
 
 

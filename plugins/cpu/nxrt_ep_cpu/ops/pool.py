@@ -161,7 +161,11 @@ def global_max_pool(x: np.ndarray, /) -> np.ndarray:
 
 
 def _max(x: np.ndarray, win: Windows) -> np.ndarray:
-    xp = pad_for(x, win, lowest(x.dtype))
+    return _max_padded(pad_for(x, win, lowest(x.dtype)), win)
+
+
+def _max_padded(xp: np.ndarray, win: Windows) -> np.ndarray:
+    """Max over the windows of an input already padded with the lowest value."""
     taps = tap_views(xp, win)
     _, first = next(taps)
     y = first.copy()
@@ -176,7 +180,10 @@ def _max_with_indices(
     """Max and the flat index of its first occurrence in ``x`` (ONNX's Indices rule).
 
     Indices ignore padding and count over ``N x C x spatial``; with
-    ``storage_order=1`` the spatial part is column-major.
+    ``storage_order=1`` the spatial part is column-major. An input position is
+    ``o*s - begin + t*d`` per axis, so an index splits into a part from the
+    output position and a part from the tap: only the winning tap number is
+    tracked per output (a small-integer minimum, cheap in numpy).
     """
     n, c = x.shape[:2]
     spatial = x.shape[2:]
@@ -185,23 +192,29 @@ def _max_with_indices(
         scale = [math.prod(spatial[:i]) for i in range(rank)]
     else:
         scale = [math.prod(spatial[i + 1 :]) for i in range(rank)]
-    starts = [np.arange(o) * s - b for o, s, b in zip(win.out, win.strides, win.begin, strict=True)]
     xp = pad_for(x, win, lowest(x.dtype))
-    y = np.full((n, c) + win.out, lowest(x.dtype), dtype=x.dtype)
-    arg = np.zeros((n, c) + win.out, dtype=np.int64)
-    better = np.empty(y.shape, dtype=bool)
-    for tap, view in tap_views(xp, win):
-        offset = np.zeros(win.out, dtype=np.int64)
-        for axis in range(rank):
-            shape = [1] * rank
-            shape[axis] = win.out[axis]
-            coord = starts[axis] + tap[axis] * win.dilations[axis]
-            offset = offset + (coord * scale[axis]).reshape(shape)
-        np.greater(view, y, out=better)
-        np.copyto(y, view, where=better)
-        np.copyto(arg, offset, where=better)
-    arg += (np.arange(n * c, dtype=np.int64) * math.prod(spatial)).reshape((n, c) + (1,) * rank)
-    return y, arg
+    y = _max_padded(xp, win)
+    taps = win.taps
+    first = np.full(y.shape, taps, dtype=np.min_scalar_type(taps))  # `taps` means not found
+    equal = np.empty(y.shape, dtype=bool)
+    candidate = np.empty_like(first)
+    tap_offset = np.zeros(taps + 1, dtype=np.int64)  # the extra entry catches NaN windows
+    for i, (tap, view) in enumerate(tap_views(xp, win)):
+        tap_offset[i] = sum(t * d * k for t, d, k in zip(tap, win.dilations, scale, strict=True))
+        np.equal(view, y, out=equal)
+        # candidate = i where equal, else `taps`
+        np.multiply(equal.view(np.uint8), taps - i, out=candidate, casting="unsafe")
+        np.subtract(taps, candidate, out=candidate, casting="unsafe")
+        np.minimum(first, candidate, out=first)
+    indices = tap_offset[first]
+    for axis in range(rank):
+        start = np.arange(win.out[axis], dtype=np.int64) * win.strides[axis] - win.begin[axis]
+        shape = [1] * rank
+        shape[axis] = win.out[axis]
+        indices += (start * scale[axis]).reshape(shape)
+    planes = np.arange(n * c, dtype=np.int64) * math.prod(spatial)
+    indices += planes.reshape((n, c) + (1,) * rank)
+    return y, indices
 
 
 def _average(x: np.ndarray, win: Windows, count_include_pad: int) -> np.ndarray:
@@ -210,9 +223,10 @@ def _average(x: np.ndarray, win: Windows, count_include_pad: int) -> np.ndarray:
     The count is separable: per axis, how many of a window's taps land inside
     the input (or inside the declared padding when ``count_include_pad``).
     """
-    xp = pad_for(x, win, 0)
-    total = np.zeros(x.shape[:2] + win.out, dtype=x.dtype)
-    for _, view in tap_views(xp, win):
+    taps = tap_views(pad_for(x, win, 0), win)
+    _, first = next(taps)
+    total = first.copy()
+    for _, view in taps:
         total += view
     divisor = np.ones((), dtype=np.int64)
     for i, size in enumerate(x.shape[2:]):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from nxrt.errors import KernelFailed
 
+from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 
 
