@@ -46,33 +46,11 @@ import sys
 import time
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from threadpoolctl import threadpool_limits
 
-LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-LIGHT_MODELS = [
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-]
-
-
-def import_nxrt():
-    """Import nxrt, falling back to the repository's source tree when it is not installed."""
-    try:
-        import nxrt
-    except ImportError:
-        core = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core")
-        sys.path.insert(0, core)
-        import nxrt
-    return nxrt
+import nxrt
+from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path
 
 
 def resolve_models(names: list[str]) -> list[tuple[str, str]]:
@@ -84,27 +62,13 @@ def resolve_models(names: list[str]) -> list[tuple[str, str]]:
         if os.path.exists(name):
             resolved.append((os.path.splitext(os.path.basename(name))[0], name))
             continue
-        stem = name if name.startswith("light_") else f"light_{name}"
-        path = os.path.join(LIGHT_DIR, f"{stem}.onnx")
+        path = light_model_path(name)
+        stem = os.path.splitext(os.path.basename(path))[0]
         if not os.path.exists(path):
             known = ", ".join(LIGHT_MODELS)
             raise SystemExit(f"unknown model {name!r}: not a file and not one of: {known}")
         resolved.append((stem, path))
     return resolved
-
-
-def dummy_inputs(path: str) -> dict[str, np.ndarray]:
-    """The ONNX backend runner's dummy input for every graph input that is not a weight."""
-    model = onnx.load(path, load_external_data=False)
-    weights = {init.name for init in model.graph.initializer}
-    feeds = {}
-    for value in model.graph.input:
-        if value.name in weights:
-            continue
-        shape = [d.dim_value if d.dim_value > 0 else 1 for d in value.type.tensor_type.shape.dim]
-        n = int(np.prod(shape))
-        feeds[value.name] = (np.arange(n).reshape(shape) / n).astype(np.float32)
-    return feeds
 
 
 def summarise(times: list[float]) -> dict[str, float]:
@@ -129,16 +93,15 @@ def max_abs_diff(a: list, b: list) -> float:
     return worst
 
 
-def bench_model(nxrt, label: str, path: str, args: argparse.Namespace) -> dict:
+def bench_model(label: str, path: str, args: argparse.Namespace) -> dict:
     """Load one model in both runtimes and time them alternately."""
     result: dict = {"model": label, "path": path}
-    feeds = dummy_inputs(path)
-
     ort_opts = ort.SessionOptions()
     ort_opts.intra_op_num_threads = args.threads
     ort_opts.inter_op_num_threads = 1
     ort_opts.log_severity_level = 3  # the light models carry unused initializers it warns about
     ort_sess = ort.InferenceSession(path, sess_options=ort_opts, providers=["CPUExecutionProvider"])
+    feeds = dummy_feeds(ort_sess)
 
     try:
         nx_opts = nxrt.SessionOptions()
@@ -226,11 +189,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     models = resolve_models(args.models)
-    nxrt = import_nxrt()
     results = []
     with threadpool_limits(limits=args.threads):
         for label, path in models:
-            result = bench_model(nxrt, label, path, args)
+            result = bench_model(label, path, args)
             results.append(result)
             print(f"{label}: {'error' if 'error' in result else 'done'}", file=sys.stderr)
     print(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from importlib import resources
 
 import numpy as np
@@ -12,34 +11,14 @@ import pytest
 from onnx import numpy_helper
 
 import nxrt
-
-LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-LIGHT_MODELS = [
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-]
-
-
-def dummy_input(arg) -> np.ndarray:
-    """The input ONNX's backend runner feeds light models: arange / n."""
-    shape = [d if isinstance(d, int) else 1 for d in arg.shape]
-    n = int(np.prod(shape))
-    return (np.arange(n).reshape(shape) / n).astype(np.float32)
+from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_matches_stored_output_and_onnxruntime(name):
-    path = os.path.join(LIGHT_DIR, f"light_{name}.onnx")
+    path = light_model_path(name)
     session = nxrt.InferenceSession(path, providers=["cpu"])
-    (arg,) = session.get_inputs()
-    feeds = {arg.name: dummy_input(arg)}
+    feeds = dummy_feeds(session)
     (got,) = session.run(None, feeds)
     stored = numpy_helper.to_array(onnx.load_tensor(path.replace(".onnx", "_output_0.pb")))
     options = ort.SessionOptions()

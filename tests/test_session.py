@@ -373,3 +373,24 @@ def test_profiling_writes_a_chrome_trace(cpu_pm, tmp_path):
     assert [e["args"]["op_type"] for e in events] == ["Gemm", "Relu", "Gemm", "Softmax"]
     assert events[0]["args"]["ep"] == "cpu" and events[0]["args"]["flops"] > 0
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_outputs_without_a_shape_or_type_are_accepted_as_onnxruntime_does(typed):
+    output = (
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+        if typed
+        else helper.make_empty_tensor_value_info("y")
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [output],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    before = model.SerializeToString()
+    session = nxrt.InferenceSession(model)
+    (y,) = session.run(None, {"x": np.array([-1, 2], np.float32)})
+    np.testing.assert_array_equal(y, [0, 2])
+    assert model.SerializeToString() == before  # the caller's model is left as it was

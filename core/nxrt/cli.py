@@ -111,18 +111,6 @@ def _make_session(model: Any, args: argparse.Namespace) -> Any:
     return nxrt.InferenceSession(model, options, providers=providers)
 
 
-def _dummy_input(arg: Any) -> np.ndarray:
-    """The ONNX backend runner's dummy input: arange / n, dynamic dims as 1."""
-    from nxrt.model import numpy_dtype
-
-    shape = tuple(d if isinstance(d, int) else 1 for d in arg.shape)
-    elem = arg.type[len("tensor(") : -1]
-    dtype = {"float": np.float32, "double": np.float64}.get(elem) or np.dtype(elem)
-    del numpy_dtype
-    n = int(np.prod(shape)) if shape else 1
-    return (np.arange(n).reshape(shape) / max(n, 1)).astype(dtype)
-
-
 def _parse_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
     feeds = {}
     for item in items:
@@ -160,9 +148,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.model is None:
             return _run_default(args)
         session = _make_session(args.model, args)
-        feeds = _parse_inputs(args.input or [])
-        for arg in session.get_inputs():
-            feeds.setdefault(arg.name, _dummy_input(arg))
+        from nxrt.testing import dummy_feeds
+
+        feeds = {**dummy_feeds(session), **_parse_inputs(args.input or [])}
         outputs, times = _time_runs(session, feeds, args.repeat)
     except NxrtError as exc:
         print(f"nxrt: {type(exc).__name__}: {exc}", file=sys.stderr)

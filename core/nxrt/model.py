@@ -8,8 +8,9 @@ with what is wrong and where.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,7 +54,8 @@ def read_proto(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.
 def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Run the ONNX checker, then shape inference (which may not know every op)."""
     try:
-        onnx.checker.check_model(proto)
+        with _outputs_typed_for_checker(proto):
+            onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise InvalidModel(f"the model fails the ONNX checker: {first}") from exc
@@ -61,6 +63,32 @@ def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is an aid, never required
         return proto
+
+
+@contextlib.contextmanager
+def _outputs_typed_for_checker(proto: onnx.ModelProto) -> Iterator[None]:
+    """Let graph outputs without a type or shape pass the checker, as ONNX Runtime does.
+
+    The checker insists on both; ONNX Runtime infers them. Placeholders are put
+    in for the check only, and the caller's outputs are restored afterwards.
+    """
+    originals = []
+    for output in proto.graph.output:
+        tensor_type = output.type.tensor_type
+        if output.type.HasField("tensor_type") and tensor_type.HasField("shape"):
+            continue
+        if output.type.WhichOneof("value") not in (None, "tensor_type"):
+            continue
+        originals.append((output, onnx.ValueInfoProto()))
+        originals[-1][1].CopyFrom(output)
+        if not tensor_type.elem_type:
+            tensor_type.elem_type = onnx.TensorProto.FLOAT
+        tensor_type.shape.SetInParent()
+    try:
+        yield
+    finally:
+        for output, original in originals:
+            output.CopyFrom(original)
 
 
 def load_model(
@@ -153,6 +181,12 @@ def type_string(elem_type: int) -> str:
     if name is None:
         name = onnx.TensorProto.DataType.Name(elem_type).lower()
     return f"tensor({name})"
+
+
+def numpy_dtype_of(type_str: str) -> np.dtype:
+    """The numpy dtype of an ONNX Runtime type string such as ``tensor(float)``."""
+    name = type_str.removeprefix("tensor(").removesuffix(")")
+    return np.dtype({"float": np.float32, "double": np.float64, "string": object}.get(name, name))
 
 
 def numpy_dtype(elem_type: int) -> np.dtype:

@@ -171,7 +171,10 @@ def estimate_cost(node: ir.Node) -> Cost:
         count = 1
         for dim in value.shape:
             count *= dim
-        traffic += count * value.dtype.itemsize
+        try:
+            traffic += count * value.dtype.itemsize
+        except TypeError:  # strings have no fixed size: count elements only
+            pass
         if is_output:
             flops += count
     return Cost(flops, traffic)

@@ -11,12 +11,16 @@ undo it at teardown. Fixtures:
 
 Helpers: :func:`register_plugin` (a context manager that always
 unregisters), :func:`make_node_model` and :func:`run_node` (one-node models
-through a real session pinned to one EP).
+through a real session pinned to one EP), :data:`LIGHT_MODELS` with
+:func:`light_model_path` and :func:`dummy_feeds` (the onnx package's light
+models and the input its backend runner gives them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -195,3 +199,43 @@ def _output_infos(
         else:
             infos.append(helper.make_tensor_value_info(name, fallback, None))
     return infos
+
+
+#: The models the onnx package ships under ``backend/test/data/light``.
+LIGHT_MODELS = (
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
+)
+
+
+def light_model_path(name: str) -> str:
+    """Path of a light model by name (``resnet50`` or ``light_resnet50``)."""
+    import onnx
+
+    stem = name if name.startswith("light_") else f"light_{name}"
+    folder = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+    return os.path.join(folder, stem + ".onnx")
+
+
+def dummy_feeds(session: Any) -> dict[str, np.ndarray]:
+    """The ONNX backend runner's input for light models: ``arange(n) / n``, dynamic dims as 1.
+
+    Works with an nxrt or an onnxruntime session (both describe inputs alike).
+    """
+    import numpy as np
+
+    from nxrt.model import numpy_dtype_of
+
+    feeds = {}
+    for arg in session.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in arg.shape]
+        n = math.prod(shape)
+        feeds[arg.name] = (np.arange(n).reshape(shape) / max(n, 1)).astype(numpy_dtype_of(arg.type))
+    return feeds
