@@ -183,6 +183,17 @@ def type_string(elem_type: int) -> str:
     return f"tensor({name})"
 
 
+def type_string_of(value_type: object) -> str:
+    """ONNX Runtime's type string of an ``onnx_ir`` type: ``seq(tensor(float))`` and so on."""
+    kind = type(value_type).__name__
+    if kind == "SequenceType":
+        return f"seq({type_string_of(value_type.elem_type)})"
+    if kind == "OptionalType":
+        return f"optional({type_string_of(value_type.elem_type)})"
+    dtype = getattr(value_type, "dtype", None)
+    return type_string(int(dtype) if dtype is not None else onnx.TensorProto.UNDEFINED)
+
+
 def numpy_dtype_of(type_str: str) -> np.dtype:
     """The numpy dtype of an ONNX Runtime type string such as ``tensor(float)``."""
     name = type_str.removeprefix("tensor(").removesuffix(")")

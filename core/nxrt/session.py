@@ -20,7 +20,7 @@ from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel, NxrtError
 from nxrt.executor import NO_SLOT, CopyKernel, Plan, Profiler, Step
 from nxrt.host import Host, NxrtPluginManager
 from nxrt.host_parallel import HostParallel
-from nxrt.model import load_model, numpy_dtype, type_string
+from nxrt.model import load_model, numpy_dtype, type_string_of
 from nxrt.partition import Copy, PartitionReport, partition
 from nxrt.provider import EpConfig, ExecutionProvider
 
@@ -105,8 +105,7 @@ def _describe_values(values: Sequence[ir.Value]) -> list[NodeArg]:
             shape = [
                 d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape
             ]
-        elem = int(value.dtype) if value.dtype is not None else onnx.TensorProto.UNDEFINED
-        args.append(NodeArg(value.name, shape, type_string(elem)))
+        args.append(NodeArg(value.name, shape, type_string_of(value.type)))
     return args
 
 
@@ -447,11 +446,20 @@ class InferenceSession:
             )
         feeds = {}
         for name, value in input_feed.items():
-            arg = expected.get(name)
+            value_info = self._input_dtypes.get(name)
+            kind = type(value_info.type).__name__ if value_info is not None else "TensorType"
+            if kind == "SequenceType":
+                if not isinstance(value, (list, tuple)):
+                    raise InvalidArgument(f"input {name!r} is a sequence: pass a list of arrays")
+                feeds[name] = [np.asarray(v) for v in value]
+                continue
+            if kind == "OptionalType" and value is None:
+                feeds[name] = None
+                continue
             array = value if isinstance(value, np.ndarray) else np.asarray(value)
-            if arg is not None:
-                self._check_feed(arg, array)
-            if isinstance(array, np.ndarray) and not array.flags.c_contiguous:
+            if name in expected and kind == "TensorType":
+                self._check_feed(expected[name], array)
+            if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             feeds[name] = array
         return feeds

@@ -4,12 +4,32 @@ Importing this package fills :data:`CPU_OPS`; the plugin hands it to the host.
 """
 
 from nxrt_ep_cpu.ops import (  # noqa: F401  (imported for their registrations)
+    attention,
+    cast,
+    control_flow,
     conv,
+    detection,
     elementwise,
     generator,
+    indexing,
+    logical,
+    loss,
+    math,
+    ml,
     nn,
+    normalization,
     pool,
+    quant,
+    random,
+    reduce,
+    resize,
+    rnn,
+    sequence,
     shape,
+    signal,
+    string,
+    tensor,
+    training,
 )
 from nxrt_ep_cpu.ops._registry import CPU_OPS
 

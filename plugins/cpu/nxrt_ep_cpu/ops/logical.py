@@ -1,0 +1,7 @@
+"""Comparison, logical and bitwise kernels."""
+
+from __future__ import annotations
+
+import numpy as np  # noqa: F401
+
+from nxrt_ep_cpu.ops._registry import op  # noqa: F401
