@@ -220,6 +220,78 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(label: str) -> Any:
+    """A one-line progress bar on stderr (only when it is a terminal or forced)."""
+    start = time.monotonic()
+    show = sys.stderr.isatty()
+
+    def update(done: int, total: int) -> None:
+        if not show:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        bar = "#" * filled + "." * (width - filled)
+        elapsed = time.monotonic() - start
+        print(f"\r{label} [{bar}] {done}/{total} {elapsed:.0f}s", end="", file=sys.stderr)
+        if done == total:
+            print(file=sys.stderr)
+
+    return update
+
+
+def cmd_check_ep(args: argparse.Namespace) -> int:
+    import re
+
+    import nxrt
+    from nxrt.conformance import ORT, Summary, load_exclusions, node_cases, package_exclusions
+    from nxrt.host import Host
+
+    cases = node_cases()
+    ops = set(args.ops.split(",")) if args.ops else None
+    pattern = re.compile(args.cases) if args.cases else None
+    names = [
+        name
+        for name, op in cases.items()
+        if (ops is None or op in ops) and (pattern is None or pattern.search(name))
+    ]
+    if args.exclusions:
+        excluded = load_exclusions(args.exclusions)
+    else:
+        pm = nxrt.default_plugin_manager()
+        descriptor = Host(pm).build_registry().resolve(args.ep)
+        if descriptor is None:
+            print(f"nxrt: EP {args.ep!r} is not installed (see `nxrt providers`)", file=sys.stderr)
+            return 1
+        excluded = package_exclusions(pm.get_plugin(descriptor.plugin).__name__)
+    from nxrt.conformance import run_cases
+
+    runs = [args.ep] + ([] if args.no_compare else [ORT])
+    summaries = {}
+    for ep in runs:
+        results = run_cases(
+            ep, names, workers=args.workers, timeout=args.timeout, progress=_progress(ep)
+        )
+        summaries[ep] = Summary.of(ep, results.values(), excluded if ep == args.ep else None)
+    if args.json:
+        print(json.dumps({ep: s.to_dict() for ep, s in summaries.items()}, indent=2))
+        return 0
+    rows = [
+        (ep, len(names), s.counts["pass"], s.counts["fail"], s.counts["error"])
+        for ep, s in summaries.items()
+    ]
+    print(_table(rows, ("runtime", "cases", "pass", "fail (wrong result)", "error")))
+    mine = summaries[args.ep]
+    print(f"\nfailures of {args.ep} by operator:")
+    for op, failures in mine.failures_by_op.items():
+        listed = [f for f in failures if f.name not in excluded]
+        known = len(failures) - len(listed)
+        note = f" ({known} listed as known)" if known else ""
+        print(f"  {op}: {len(failures)}{note}")
+        for failure in listed[: args.show]:
+            print(f"    {failure.status:5} {failure.name}: {failure.message[:160]}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nxrt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,6 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads")
     p.add_argument("--profile", action="store_true", help="write a Chrome trace")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check-ep", help="the ONNX node conformance suite for one EP")
+    p.add_argument("ep", help="EP id, e.g. cpu")
+    p.add_argument("--ops", help="only the cases of these ops (comma-separated)")
+    p.add_argument("--cases", help="only case names matching this regular expression")
+    p.add_argument("--exclusions", help="file of known failures (default: the EP's own list)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
+    p.add_argument("--no-compare", action="store_true", help="skip the onnxruntime run")
+    p.add_argument("--show", type=int, default=5, help="failures shown per operator")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_check_ep)
 
     p = sub.add_parser("partition", help="which EP runs which nodes, partitions and copies")
     p.add_argument("model", help="path to a .onnx model")
