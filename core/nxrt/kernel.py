@@ -116,14 +116,24 @@ class SubgraphClaim:
     outputs: list[str] = field(default_factory=list)
 
 
-def attribute_values(node: ir.Node) -> dict[str, Any]:
-    """A node's attributes as plain Python values (tensors become numpy arrays)."""
+def attribute_values(
+    node: ir.Node, compile_subgraph: Callable[[Any], Any] | None = None
+) -> dict[str, Any]:
+    """A node's attributes as plain Python values (tensors become numpy arrays).
+
+    Graph attributes go through ``compile_subgraph`` when given (the session
+    passes one that returns callable subgraphs), else stay ``onnx_ir`` graphs.
+    """
     import onnx_ir as ir
 
     values: dict[str, Any] = {}
     for name, attr in node.attributes.items():
         value = attr.value
-        if attr.type == ir.AttributeType.TENSOR:
+        if compile_subgraph is not None and attr.type == ir.AttributeType.GRAPH:
+            value = compile_subgraph(value)
+        elif compile_subgraph is not None and attr.type == ir.AttributeType.GRAPHS:
+            value = [compile_subgraph(g) for g in value]
+        elif attr.type == ir.AttributeType.TENSOR:
             value = value.numpy()
         elif attr.type == ir.AttributeType.TENSORS:
             value = [t.numpy() for t in value]

@@ -131,9 +131,10 @@ def partition(
     model: ir.Model,
     eps: Sequence[tuple[ExecutionProvider, str]],
     host: Host,
+    graph: ir.Graph | None = None,
 ) -> Placement:
-    """Place every node of the main graph on one of ``eps`` (EP, owning plugin), in order."""
-    graph = model.graph
+    """Place every node of ``graph`` (default: the main graph) on one of ``eps``, in order."""
+    graph = graph if graph is not None else model.graph
     nodes = list(graph)
     position = {id(n): i for i, n in enumerate(nodes)}
     report = PartitionReport([ep.id for ep, _ in eps])

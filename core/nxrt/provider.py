@@ -9,6 +9,7 @@ override the buffer and copy methods, and EPs that fuse override ``compile``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,8 @@ class ExecutionProvider:
         self.ops = ops
         #: The session's thread pool, lent to kernels for intra-op work (set by the session).
         self.parallel: HostParallel | None = None
+        #: Turns a graph attribute into a callable Subgraph (set by the session).
+        self.subgraph_compiler: Callable[[ir.Graph], Any] | None = None
         self._initialized = False
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -85,7 +88,11 @@ class ExecutionProvider:
     def create_kernel(self, node: ir.Node, entry: KernelEntry) -> Kernel:
         """Build the kernel for ``node`` from its registry entry (attributes bound once)."""
         self._require_initialized()
-        return FunctionKernel(entry.fn, attribute_values(node), view_output=entry.view_output)
+        return FunctionKernel(entry.fn, self.node_attributes(node), view_output=entry.view_output)
+
+    def node_attributes(self, node: ir.Node) -> dict[str, Any]:
+        """A node's attributes as Python values, graph attributes compiled to Subgraphs."""
+        return attribute_values(node, self.subgraph_compiler)
 
     def compile(self, claim: SubgraphClaim, graph: ir.Graph) -> Kernel:
         """Compile a claimed subgraph into one kernel; EPs that claim must override it."""

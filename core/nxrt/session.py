@@ -23,6 +23,7 @@ from nxrt.host_parallel import HostParallel
 from nxrt.model import load_model, numpy_dtype, type_string_of
 from nxrt.partition import Copy, PartitionReport, partition
 from nxrt.provider import EpConfig, ExecutionProvider
+from nxrt.subgraph import ScopedKernel, Subgraph, implicit_inputs, outer_names, subgraphs_of
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -45,7 +46,6 @@ NONDETERMINISTIC_OPS = frozenset(
         "Bernoulli",
     }
 )
-GRAPH_ATTRIBUTES = ("GRAPH", "GRAPHS")
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -228,13 +228,17 @@ class InferenceSession:
             raise TypeError(f"factory returned {type(ep).__name__}, not an ExecutionProvider")
         ep.id = descriptor.id
         ep.parallel = self._parallel
+        ep.subgraph_compiler = self._compile_subgraph
         if ep.ops is None:
             ep.ops = descriptor.ops
         ep.initialize()
         return ep
 
-    def _build_plan(self, placement: Any) -> Plan:
-        graph = self._model.graph
+    def _build_plan(
+        self, placement: Any, graph: ir.Graph | None = None, implicit: Sequence[str] = ()
+    ) -> Plan:
+        """The flat plan of the main graph, or of a subgraph reading ``implicit`` outer values."""
+        graph = graph if graph is not None else self._model.graph
         eps = {ep.id: ep for ep, _ in self._eps}
         slots: dict[str, int] = {}
 
@@ -254,7 +258,7 @@ class InferenceSession:
                 array = array.view()
                 array.flags.writeable = False
             constants[slot(name)] = array
-        input_slots = {v.name: slot(v.name) for v in graph.inputs}
+        input_slots = {name: slot(name) for name in [*(v.name for v in graph.inputs), *implicit]}
         location = {name: "cpu" for name in slots}  # device holding each value
         copies: dict[tuple[str, str], int] = {}
         steps: list[Step] = []
@@ -307,6 +311,10 @@ class InferenceSession:
                     raise InvalidModel(f"EP {ep.id!r} matched {node.op_type} but has no kernel")
                 kernel = ep.create_kernel(node, entry)
                 ins = [v.name if v is not None else "" for v in node.inputs]
+                if subgraphs_of(node):
+                    outer = implicit_inputs(node)
+                    kernel = ScopedKernel(kernel, len(ins), outer)
+                    ins = ins + outer
                 outs = [v.name for v in node.outputs]
                 name, op_type = node.name, node.op_type
                 flops = match.cost.flops if match and match.cost else 0
@@ -338,6 +346,15 @@ class InferenceSession:
         plan.finish()
         return plan
 
+    def _compile_subgraph(self, graph: ir.Graph) -> Subgraph:
+        """Partition and plan a graph attribute with the session's EPs."""
+        placement = partition(self._model, self._eps, self._host, graph=graph)
+        outer = outer_names(graph)
+        plan = self._build_plan(placement, graph, outer)
+        return Subgraph(
+            plan, [v.name for v in graph.inputs], [v.name for v in graph.outputs], outer
+        )
+
     @staticmethod
     def _fold(
         node: ir.Node,
@@ -349,7 +366,7 @@ class InferenceSession:
         """Constant folding: compute a node whose inputs are all constants once, now."""
         if node.op_type in NONDETERMINISTIC_OPS or ep.device_type != "cpu":
             return False
-        if any(attr.type.name in GRAPH_ATTRIBUTES for attr in node.attributes.values()):
+        if subgraphs_of(node):
             return False
         names = [v.name if v is not None else "" for v in node.inputs]
         if not all(not name or slot(name) in constants for name in names):

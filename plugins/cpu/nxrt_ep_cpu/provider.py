@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from nxrt.errors import KernelFailed, NxrtError
-from nxrt.kernel import FunctionKernel, Kernel, attribute_values
+from nxrt.kernel import FunctionKernel, Kernel
 from nxrt.provider import EpConfig, ExecutionProvider
 
 if TYPE_CHECKING:
@@ -40,4 +40,4 @@ class CpuExecutionProvider(ExecutionProvider):
 
     def create_kernel(self, node: ir.Node, entry: KernelEntry) -> Kernel:
         self._require_initialized()
-        return CpuKernel(entry.fn, attribute_values(node), view_output=entry.view_output)
+        return CpuKernel(entry.fn, self.node_attributes(node), view_output=entry.view_output)
