@@ -276,10 +276,18 @@ def cmd_check_ep(args: argparse.Namespace) -> int:
         print(json.dumps({ep: s.to_dict() for ep, s in summaries.items()}, indent=2))
         return 0
     rows = [
-        (ep, len(names), s.counts["pass"], s.counts["fail"], s.counts["error"])
+        (
+            ep,
+            len(names),
+            s.counts["pass"],
+            s.counts["fail"],
+            s.counts["error"],
+            s.counts["unsupported"],
+        )
         for ep, s in summaries.items()
     ]
-    print(_table(rows, ("runtime", "cases", "pass", "fail (wrong result)", "error")))
+    header = ("runtime", "cases", "pass", "fail (wrong result)", "error", "op not supported")
+    print(_table(rows, header))
     mine = summaries[args.ep]
     print(f"\nfailures of {args.ep} by operator:")
     for op, failures in mine.failures_by_op.items():

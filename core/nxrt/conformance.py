@@ -26,11 +26,13 @@ from importlib import resources
 #: The pseudo-EP name that runs the suite through onnxruntime, for comparison.
 ORT = "onnxruntime"
 DEFAULT_TIMEOUT = 60.0
+#: A case the EP refuses at session creation (an op it does not have) is "unsupported".
+UNSUPPORTED_PREFIX = "nxrt.errors.NoEpForOp"
 
 
 @dataclass(frozen=True)
 class CaseResult:
-    """The outcome of one case: ``pass``, ``fail`` (wrong result) or ``error``."""
+    """One case's outcome: ``pass``, ``fail`` (wrong result), ``error`` or ``unsupported``."""
 
     name: str
     status: str
@@ -119,7 +121,8 @@ def _worker(ep: str) -> None:
             if result.failures:
                 status, message = "fail", _last_line(result.failures[0][1])
             elif result.errors:
-                status, message = "error", _last_line(result.errors[0][1])
+                message = _last_line(result.errors[0][1])
+                status = "unsupported" if message.startswith(UNSUPPORTED_PREFIX) else "error"
             elif result.skipped:
                 status, message = "error", f"skipped: {result.skipped[0][1]}"
             else:

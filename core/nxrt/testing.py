@@ -9,6 +9,10 @@ undo it at teardown. Fixtures:
 - ``hook_recorder`` — records ``(hook, kwargs, result)`` of every hook call
   on ``nxrt_pm``.
 
+Option: ``--nxrt-ep NAME`` adds the checks of :mod:`nxrt.ep_suite` for
+that EP (hook-level checks and the ONNX node conformance cases it accepts) to
+the test run.
+
 Helpers: :func:`register_plugin` (a context manager that always
 unregisters), :func:`make_node_model` and :func:`run_node` (one-node models
 through a real session pinned to one EP), :data:`LIGHT_MODELS` with
@@ -32,6 +36,31 @@ if TYPE_CHECKING:
     import onnx
 
     from nxrt.host import NxrtPluginManager
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("nxrt", "nxrt execution providers")
+    group.addoption(
+        "--nxrt-ep",
+        dest="nxrt_ep",
+        default=None,
+        metavar="NAME",
+        help="run nxrt's hook-level checks and ONNX conformance cases against EP NAME",
+    )
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """With ``--nxrt-ep``, add the EP suite's tests to the run."""
+    if not config.getoption("nxrt_ep"):
+        return
+    from pathlib import Path
+
+    import nxrt.ep_suite
+
+    module = pytest.Module.from_parent(session, path=Path(nxrt.ep_suite.__file__))
+    items.extend(item for item in module.collect() if isinstance(item, pytest.Item))
 
 
 @contextlib.contextmanager
