@@ -27,6 +27,7 @@ $(PY):
 $(STAMP): pyproject.toml $(PLUGINS) | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	-command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && (apt-get install -y -q libopenblas0-pthread || (apt-get update -q && apt-get install -y -q libopenblas0-pthread)) || true
 	touch $(STAMP)
 
 clean:

@@ -56,14 +56,14 @@ def test_providers_shows_a_broken_plugin_with_its_reason(tmp_path):
     (tmp_path / "nxrt_ep_broken.py").write_text("raise ImportError('libbroken.so: not found')\n")
     env = {"PYTHONPATH": str(tmp_path)}
     info = json.loads(nxrt("providers", "--json", env=env).stdout)
-    assert [p["id"] for p in info["providers"]] == ["cpu"]  # the others keep working
+    assert "cpu" in [p["id"] for p in info["providers"]]  # the others keep working
     (failure,) = info["failed"]
     assert failure["path"] == "nxrt_ep_broken" and "libbroken.so: not found" in failure["reason"]
     assert "libbroken.so: not found" in nxrt("providers", env=env).stdout
 
 
 def test_run_without_a_model_classifies_the_embedded_digits():
-    out = nxrt("run", "--repeat", "3").stdout
+    out = nxrt("run", "--repeat", "3", "--ep", "cpu").stdout
     assert "embedded digits_cnn.onnx" in out
     assert "cpu         9" in out  # the partition: nodes per EP
     assert "accuracy: 98.22%" in out
@@ -82,14 +82,18 @@ def test_run_a_model_with_an_input_file_and_a_profile(tmp_path):
     assert "softmaxout_1: float32[1, 1000, 1, 1]" in result.stdout
     (trace,) = tmp_path.glob("nxrt_profile_*.json")
     assert f"profile: {trace}" in result.stdout
-    report = json.loads(nxrt("partition", str(model), "--json").stdout)
-    kernels = report["nodes_per_ep"]["cpu"] - len(report["folded"])
+    report = json.loads(nxrt("partition", str(model), "--json", "--ep", "cpu").stdout)
+    kernels = report["nodes_per_ep"]["cpu"]
     assert report["folded"] and len(json.loads(trace.read_text())["traceEvents"]) == kernels
 
 
 def test_partition_reports_every_node(tmp_path):
-    report = json.loads(nxrt("partition", str(LIGHT_DIR / "light_resnet50.onnx"), "--json").stdout)
-    assert report["nodes_per_ep"]["cpu"] == 415 and report["copies"] == []
+    model = str(LIGHT_DIR / "light_resnet50.onnx")
+    report = json.loads(nxrt("partition", model, "--json", "--ep", "cpu").stdout)
+    placed = sum(len(p["nodes"]) for p in report["partitions"])
+    assert placed + len(report["folded"]) + len(report["fused"]) == 415
+    assert report["copies"] == [] and len(report["fused"]) == 53  # each BatchNormalization
+    assert report["nodes_per_ep"]["cpu"] == placed
 
 
 def test_a_bad_model_is_a_typed_error_not_a_traceback(tmp_path):

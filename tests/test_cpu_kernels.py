@@ -19,7 +19,6 @@ import pytest
 from onnx import helper
 
 import nxrt
-from nxrt.errors import KernelFailed
 
 RTOL, ATOL = 1e-4, 1e-5
 INT64_MAX = np.iinfo(np.int64).max
@@ -257,13 +256,16 @@ def test_dropout_inputs(opset):
     check("Dropout", inputs, opset=opset, outputs=2, seed=3)
 
 
-def test_dropout_training_is_refused():
-    inputs = {"x": rand(3, 5), "ratio": np.array(0.3, np.float32), "training": np.array(True)}
-    model, feeds = make_model("Dropout", inputs, opset=13)
-    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, [3, 5]))
+def test_dropout_training_scales_the_kept_elements():
+    x = rand(40, 50)
+    inputs = {"x": x, "ratio": np.array(0.3, np.float32), "training": np.array(True)}
+    model, feeds = make_model("Dropout", inputs, opset=13, outputs=2)
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, [40, 50]))
+    model.graph.output[1].CopyFrom(helper.make_tensor_value_info("out1", 9, [40, 50]))
     session = nxrt.InferenceSession(model.SerializeToString(), providers=["cpu"])
-    with pytest.raises(KernelFailed, match="training_mode"):
-        session.run(None, feeds)
+    y, mask = session.run(None, feeds)
+    assert mask.dtype == bool and 0.6 < mask.mean() < 0.8  # about 1 - ratio kept
+    np.testing.assert_allclose(y, np.where(mask, x / 0.7, 0), rtol=1e-6)
 
 
 # --- nn ------------------------------------------------------------------------------------

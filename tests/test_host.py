@@ -394,3 +394,29 @@ def test_hookspecs_are_found_by_marker_only():
     pm = pluggy.PluginManager("nxrt")
     pm.add_hookspecs(hookspecs)
     assert {h for h in dir(pm.hook) if h.startswith("nxrt_")} == set(hookspecs.__all__)
+
+
+def test_a_claim_runs_after_everything_it_reads(cpu_pm):
+    # n0 Relu(x) -> a, n1 Neg(x) -> b (cpu), n2 Add(a, b): the claim {n0, n2} must wait for n1.
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="n0"),
+        helper.make_node("Neg", ["x"], ["b"], name="n1"),
+        helper.make_node("Add", ["a", "b"], ["c"], name="n2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    def pick(free):
+        return [n for n in free if n.name in ("n0", "n2")]
+
+    with register_plugin(cpu_pm, ToyPlugin(claims=True, claim_picker=pick), "toy"):
+        session = nxrt.InferenceSession(model, providers=["toy"], plugin_manager=cpu_pm)
+    assert [n.name for n in session.get_partition().claims[0].nodes] == ["n0", "n2"]
+    (out,) = session.run(None, {"x": FEEDS["x"]})
+    np.testing.assert_allclose(out, np.maximum(FEEDS["x"], 0) - FEEDS["x"])
+    assert [step.op_type for step in session._plan.steps] == ["Neg", "Subgraph"]

@@ -99,9 +99,14 @@ def test_cpu_kernel_versions_and_defaults_match_onnx_defs(key):
         default = helper.get_attribute_value(attr.default_value)
         if isinstance(default, bytes):
             default = default.decode()
+        if isinstance(default, list) and default and isinstance(default[0], bytes):
+            default = [item.decode() for item in default]
         if isinstance(default, onnx.TensorProto):
             continue
-        assert param.default == pytest.approx(default), f"{key}: default of {name}"
+        if isinstance(default, list) and default and isinstance(default[0], str):
+            assert list(param.default) == default, f"{key}: default of {name}"
+        else:
+            assert param.default == pytest.approx(default), f"{key}: default of {name}"
     assert "/" in str(inspect.signature(entry.fn)) or not any(
         p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
     ), f"{key}: inputs must be positional-only"

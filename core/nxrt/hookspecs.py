@@ -25,8 +25,8 @@ Session creation calls the hooks in this order:
    model, on the EP that owns its ``source`` key.
 4. For each EP in the session's priority order:
 
-   a. ``nxrt_claim_subgraphs(ep, graph, nodes)`` — once, with the nodes no
-      EP ahead of it has taken;
+   a. ``nxrt_claim_subgraphs(ep, graph, nodes, opsets)`` — once, with the
+      nodes no EP ahead of it has taken;
    b. ``nxrt_match_kernel(ep, node, opset)`` — for each node still unplaced.
 
 5. ``nxrt_save_context(ep, claim, kernel)`` — only when a compiled model is
@@ -127,7 +127,7 @@ def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities
 
 @hookspec(firstresult=True)
 def nxrt_claim_subgraphs(
-    ep: ExecutionProvider, graph: ir.Graph, nodes: list[ir.Node]
+    ep: ExecutionProvider, graph: ir.Graph, nodes: list[ir.Node], opsets: dict[str, int]
 ) -> list[SubgraphClaim] | None:
     """Claim connected sets of nodes that the EP will compile into one kernel each.
 
@@ -138,6 +138,8 @@ def nxrt_claim_subgraphs(
     :param graph: The model's main graph (read-only: do not mutate it).
     :param nodes: The nodes not yet placed on an EP ahead of this one, in
         topological order; claims may contain only these.
+    :param opsets: The model's opset per domain (``""`` for the default
+        domain); a subgraph of If/Loop has no imports of its own.
 
     :returns: A list of :class:`~nxrt.kernel.SubgraphClaim`, possibly empty,
         or ``None`` for EPs your plugin does not provide (or that never
@@ -155,7 +157,10 @@ def nxrt_claim_subgraphs(
 
     .. versionadded:: 0.1
 
-    Implemented by: none of the shipped EPs yet (mlx and legacy_abi will).
+    .. versionchanged:: 0.1
+        ``opsets`` added.
+
+    Implemented by: mlx, legacy_abi.
     """
 
 

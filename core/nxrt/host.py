@@ -244,10 +244,16 @@ class Host:
 
     # -- kernel matching and claims ----------------------------------------------------------
     def claim_subgraphs(
-        self, ep: ExecutionProvider, owner: str, graph: ir.Graph, nodes: list[ir.Node]
+        self,
+        ep: ExecutionProvider,
+        owner: str,
+        graph: ir.Graph,
+        nodes: list[ir.Node],
+        opsets: dict[str, int] | None = None,
     ) -> list[SubgraphClaim]:
         try:
-            claims = self._caller("nxrt_claim_subgraphs", owner)(ep=ep, graph=graph, nodes=nodes)
+            caller = self._caller("nxrt_claim_subgraphs", owner)
+            claims = caller(ep=ep, graph=graph, nodes=nodes, opsets=dict(opsets or {}))
             if claims is None:
                 return []
             claims = list(claims)

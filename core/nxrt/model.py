@@ -51,10 +51,24 @@ def read_proto(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.
     )
 
 
+def check_opsets(proto: onnx.ModelProto) -> None:
+    """Refuse a default-domain opset newer than the onnx package defines (as ONNX Runtime does)."""
+    newest = onnx.defs.onnx_opset_version()
+    for opset in proto.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > newest:
+            raise InvalidModel(
+                f"the model uses opset {opset.version} of the default domain, newer than the "
+                f"newest this installation knows ({newest}); upgrade onnx and nxrt, or export "
+                f"the model at opset {newest} or lower"
+            )
+
+
 def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Run the ONNX checker, then shape inference (which may not know every op)."""
+    from nxrt.external_data import external_data_hidden_from_checker
+
     try:
-        with _outputs_typed_for_checker(proto):
+        with _outputs_typed_for_checker(proto), external_data_hidden_from_checker(proto):
             onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
@@ -100,7 +114,9 @@ def load_model(
     base_dir = None
     if isinstance(model, (str, os.PathLike)):
         base_dir = os.path.dirname(os.path.abspath(os.fspath(model)))
-    proto = check_proto(read_proto(model))
+    proto = read_proto(model)
+    check_opsets(proto)
+    proto = check_proto(proto)
     try:
         ir_model = ir.from_proto(proto)
     except Exception as exc:  # noqa: BLE001

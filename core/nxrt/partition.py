@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from nxrt.errors import NoEpForOp
 from nxrt.kernel import KernelMatch, SubgraphClaim
 from nxrt.model import opset_of
+from nxrt.registry import normalize_domain
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -33,7 +34,6 @@ class NodePlacement:
     claim: str = ""
     refusals: list[tuple[str, str]] = field(default_factory=list)
     match: KernelMatch | None = None
-    folded: bool = False  # computed once at session creation (constant folding)
 
 
 @dataclass
@@ -55,6 +55,8 @@ class PartitionReport:
     claims: list[SubgraphClaim] = field(default_factory=list)
     refused_claims: list[tuple[str, str]] = field(default_factory=list)
     copies: list[Copy] = field(default_factory=list)
+    folded: list[tuple[str, str]] = field(default_factory=list)  # (node, op) computed at creation
+    fused: list[tuple[str, str]] = field(default_factory=list)  # (node, node it was fused into)
 
     @property
     def partitions(self) -> list[tuple[str, list[str]]]:
@@ -85,7 +87,8 @@ class PartitionReport:
             "nodes_per_ep": self.nodes_per_ep(),
             "partitions": [{"ep": ep, "nodes": nodes} for ep, nodes in self.partitions],
             "copies": [vars(c) for c in self.copies],
-            "folded": [p.node for p in self.nodes if p.folded],
+            "folded": [node for node, _ in self.folded],
+            "fused": [{"node": node, "into": into} for node, into in self.fused],
             "fallbacks": [
                 {"node": p.node, "op_type": p.op_type, "ep": p.ep, "refused_by": p.refusals}
                 for p in self.fallbacks()
@@ -98,10 +101,12 @@ class PartitionReport:
         for ep, count in self.nodes_per_ep().items():
             lines.append(f"{ep:<11} {count}")
         parts = self.partitions
-        folded = sum(p.folded for p in self.nodes)
+        folded = len(self.folded)
         lines.append(f"{len(parts)} partition(s), {len(self.copies)} copy(ies)")
         if folded:
             lines.append(f"{folded} node(s) folded into constants at session creation")
+        if self.fused:
+            lines.append(f"{len(self.fused)} node(s) fused into the node before them")
         for i, (ep, nodes) in enumerate(parts):
             shown = ", ".join(nodes[:4]) + (f", ... ({len(nodes)} nodes)" if len(nodes) > 4 else "")
             lines.append(f"  [{i}] {ep}: {shown}")
@@ -138,6 +143,7 @@ def partition(
     nodes = list(graph)
     position = {id(n): i for i, n in enumerate(nodes)}
     report = PartitionReport([ep.id for ep, _ in eps])
+    opsets = {normalize_domain(d): int(v) for d, v in model.opset_imports.items()}
     node_ep: list[str | None] = [None] * len(nodes)
     node_claim: list[int | None] = [None] * len(nodes)
     matches: list[KernelMatch | None] = [None] * len(nodes)
@@ -145,7 +151,7 @@ def partition(
 
     for ep, owner in eps:
         free = [n for n in nodes if node_ep[position[id(n)]] is None]
-        for claim in host.claim_subgraphs(ep, owner, graph, free):
+        for claim in host.claim_subgraphs(ep, owner, graph, free, opsets):
             reason = check_claim(claim, nodes, position, node_ep)
             if reason:
                 report.refused_claims.append((claim.name or ep.id, reason))
@@ -187,6 +193,47 @@ def partition(
             )
         )
     return Placement(report, node_ep, node_claim, matches)  # type: ignore[arg-type]
+
+
+def schedule(placement: Placement, nodes: list[ir.Node]) -> list[int]:
+    """Node positions in run order, each claim contracted into one unit.
+
+    A claim runs where all it reads is ready, which need not be where its
+    first node stands; this is Kahn's order over the contracted graph,
+    keeping the graph's own order wherever it is free to. A claim appears
+    once, as the position of its first node.
+    """
+    import heapq
+
+    position = {id(n): i for i, n in enumerate(nodes)}
+    unit = [
+        ("claim", c) if c is not None else ("node", i) for i, c in enumerate(placement.node_claim)
+    ]
+    first: dict[tuple[str, int], int] = {}
+    for i, key in enumerate(unit):
+        first.setdefault(key, i)
+    depends: dict[tuple[str, int], set[tuple[str, int]]] = {key: set() for key in first}
+    for i, node in enumerate(nodes):
+        for pred in node.predecessors():
+            j = position.get(id(pred))
+            if j is not None and unit[j] != unit[i]:
+                depends[unit[i]].add(unit[j])
+    users: dict[tuple[str, int], list[tuple[str, int]]] = {key: [] for key in first}
+    for key, deps in depends.items():
+        for dep in deps:
+            users[dep].append(key)
+    pending = {key: len(deps) for key, deps in depends.items()}
+    ready = [(first[key], key) for key, count in pending.items() if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        index, key = heapq.heappop(ready)
+        order.append(index)
+        for user in users[key]:
+            pending[user] -= 1
+            if pending[user] == 0:
+                heapq.heappush(ready, (first[user], user))
+    return order
 
 
 def check_claim(

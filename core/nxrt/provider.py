@@ -17,6 +17,7 @@ import numpy as np
 
 from nxrt.errors import NotInitialized, UnsupportedContext
 from nxrt.kernel import FunctionKernel, Kernel, SubgraphClaim, attribute_values
+from nxrt.registry import OUTPUT_COUNT
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -88,11 +89,16 @@ class ExecutionProvider:
     def create_kernel(self, node: ir.Node, entry: KernelEntry) -> Kernel:
         """Build the kernel for ``node`` from its registry entry (attributes bound once)."""
         self._require_initialized()
-        return FunctionKernel(entry.fn, self.node_attributes(node), view_output=entry.view_output)
+        attrs = self.kernel_attributes(node, entry)
+        return FunctionKernel(entry.fn, attrs, view_output=entry.view_output)
 
-    def node_attributes(self, node: ir.Node) -> dict[str, Any]:
-        """A node's attributes as Python values, graph attributes compiled to Subgraphs."""
-        return attribute_values(node, self.subgraph_compiler)
+    def kernel_attributes(self, node: ir.Node, entry: KernelEntry) -> dict[str, Any]:
+        """The keywords a kernel is bound with: the node's attributes as Python values,
+        graph attributes compiled to Subgraphs, and the output count when it asks for it."""
+        attrs = attribute_values(node, self.subgraph_compiler)
+        if entry.takes_output_count:
+            attrs[OUTPUT_COUNT] = len(node.outputs)
+        return attrs
 
     def compile(self, claim: SubgraphClaim, graph: ir.Graph) -> Kernel:
         """Compile a claimed subgraph into one kernel; EPs that claim must override it."""

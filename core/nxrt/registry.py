@@ -17,6 +17,8 @@ not above the model's opset.
 from __future__ import annotations
 
 import bisect
+import functools
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,18 @@ class KernelEntry:
     const_inputs: tuple[int, ...] = ()
     view_output: int | None = None
     cost: CostFunction | None = None
+
+    @functools.cached_property
+    def takes_output_count(self) -> bool:
+        """Whether the kernel wants the node's output count as keyword ``_n_outputs``."""
+        try:
+            return OUTPUT_COUNT in inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return False
+
+
+#: The keyword through which a kernel may learn how many outputs its node has.
+OUTPUT_COUNT = "_n_outputs"
 
 
 class OpRegistry:

@@ -16,14 +16,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from nxrt import contrib_ops  # noqa: F401  (registers nxrt's op schemas with onnx)
 from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel, NxrtError
 from nxrt.executor import NO_SLOT, CopyKernel, Plan, Profiler, Step
+from nxrt.external_data import resolve_external_data
 from nxrt.host import Host, NxrtPluginManager
 from nxrt.host_parallel import HostParallel
-from nxrt.model import load_model, numpy_dtype, type_string_of
-from nxrt.partition import Copy, PartitionReport, partition
+from nxrt.memory import parse_bytes
+from nxrt.model import load_model, numpy_dtype, opset_of, type_string_of
+from nxrt.optimizer import optimize
+from nxrt.partition import Copy, PartitionReport, partition, schedule
 from nxrt.provider import EpConfig, ExecutionProvider
 from nxrt.subgraph import ScopedKernel, Subgraph, implicit_inputs, outer_names, subgraphs_of
+from nxrt.weight_binding import negotiate_weights
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -159,13 +164,19 @@ class InferenceSession:
         self._host = Host(plugin_manager or default_plugin_manager())
         self._registry = self._host.build_registry()
         self._model, self._base_dir = load_model(path_or_bytes)
+        self._weights = resolve_external_data(self._model, self._base_dir)
         graph = self._model.graph
         self._eps = self._create_providers(_provider_requests(providers, provider_options))
         self._capabilities: dict[str, ExecutionProviderCapabilities] = {
             ep.id: self._host.capabilities(ep, owner) for ep, owner in self._eps
         }
+        folded: list[tuple[str, str]] = []
+        fused: list[tuple[str, str]] = []
+        if self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_BASIC:
+            folded, fused = optimize(self._model, self._evaluate_constant)
         placement = partition(self._model, self._eps, self._host)
         self._report = placement.report
+        self._report.folded, self._report.fused = folded, fused
         self._plan = self._build_plan(placement)
         initializer_names = set(graph.initializers)
         self._inputs = _describe_values(
@@ -223,7 +234,14 @@ class InferenceSession:
 
     def _instantiate(self, descriptor: EpDescriptor, options: dict[str, Any]) -> ExecutionProvider:
         threads = self._options.intra_op_num_threads or None
-        ep = descriptor.factory(EpConfig(options=dict(options), threads=threads))
+        limit = options.get("memory_limit")
+        config = EpConfig(
+            options=dict(options),
+            threads=threads,
+            memory_limit=parse_bytes(limit) if limit is not None else None,
+            device_id=int(options.get("device_id", 0)),
+        )
+        ep = descriptor.factory(config)
         if not isinstance(ep, ExecutionProvider):
             raise TypeError(f"factory returned {type(ep).__name__}, not an ExecutionProvider")
         ep.id = descriptor.id
@@ -250,7 +268,11 @@ class InferenceSession:
             return slots[name]
 
         constants: dict[int, Any] = {}
+        weights = negotiate_weights(graph, self._weights, placement, eps, self._capabilities)
         for name, value in graph.initializers.items():
+            if name in weights:  # external data, negotiated per EP (lazy or resident)
+                constants[slot(name)] = weights[name]
+                continue
             if value.const_value is None:
                 raise InvalidModel(f"initializer {name!r} has no data")
             array = value.const_value.numpy()
@@ -291,9 +313,9 @@ class InferenceSession:
 
         producers: dict[str, ExecutionProvider] = {}
         nodes = list(graph)
-        fold = self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_BASIC
         compiled: set[int] = set()
-        for i, node in enumerate(nodes):
+        for i in schedule(placement, nodes):
+            node = nodes[i]
             ep = eps[placement.node_ep[i]]
             claim_index = placement.node_claim[i]
             if claim_index is not None:
@@ -306,7 +328,7 @@ class InferenceSession:
                 flops = bytes_ = 0
             else:
                 match = placement.matches[i]
-                entry = ep.ops.lookup(node.domain, node.op_type, _opset(self._model, node))
+                entry = ep.ops.lookup(node.domain, node.op_type, opset_of(self._model, node.domain))
                 if entry is None:
                     raise InvalidModel(f"EP {ep.id!r} matched {node.op_type} but has no kernel")
                 kernel = ep.create_kernel(node, entry)
@@ -319,9 +341,6 @@ class InferenceSession:
                 name, op_type = node.name, node.op_type
                 flops = match.cost.flops if match and match.cost else 0
                 bytes_ = match.cost.bytes if match and match.cost else 0
-            if claim_index is None and fold and self._fold(node, kernel, ep, constants, slot):
-                report.nodes[i].folded = True
-                continue
             step = Step(
                 kernel,
                 [read(n, ep) for n in ins],
@@ -355,33 +374,25 @@ class InferenceSession:
             plan, [v.name for v in graph.inputs], [v.name for v in graph.outputs], outer
         )
 
-    @staticmethod
-    def _fold(
-        node: ir.Node,
-        kernel: Any,
-        ep: ExecutionProvider,
-        constants: dict[int, Any],
-        slot: Any,
-    ) -> bool:
-        """Constant folding: compute a node whose inputs are all constants once, now."""
-        if node.op_type in NONDETERMINISTIC_OPS or ep.device_type != "cpu":
-            return False
-        if subgraphs_of(node):
-            return False
-        names = [v.name if v is not None else "" for v in node.inputs]
-        if not all(not name or slot(name) in constants for name in names):
-            return False
-        try:
-            results = kernel.compute([constants[slot(n)] if n else None for n in names])
-        except Exception:  # noqa: BLE001 - left in the plan, so the error surfaces at run time
-            return False
-        for value, result in zip(node.outputs, results):
-            if value.name:
-                if isinstance(result, np.ndarray):
-                    result = result.view()
-                    result.flags.writeable = False
-                constants[slot(value.name)] = result
-        return True
+    def _evaluate_constant(self, node: ir.Node) -> list[Any] | None:
+        """Compute a node with constant inputs on the first host EP that runs it (folding)."""
+        if node.op_type in NONDETERMINISTIC_OPS or subgraphs_of(node):
+            return None
+        for ep, owner in self._eps:
+            if ep.device_type != "cpu" or ep.ops is None:
+                continue
+            opset = opset_of(self._model, node.domain)
+            if not self._host.match_kernel(ep, owner, node, opset).supported:
+                continue
+            entry = ep.ops.lookup(node.domain, node.op_type, opset)
+            if entry is None:
+                return None
+            inputs = [v.const_value.numpy() if v is not None else None for v in node.inputs]
+            try:
+                return list(ep.create_kernel(node, entry).compute(inputs))
+            except Exception:  # noqa: BLE001 - left in the plan, so it fails at run time
+                return None
+        return None
 
     def _input_values(self) -> list[ir.Value]:
         names = {a.name for a in self._inputs}
@@ -465,6 +476,8 @@ class InferenceSession:
         for name, value in input_feed.items():
             value_info = self._input_dtypes.get(name)
             kind = type(value_info.type).__name__ if value_info is not None else "TensorType"
+            if kind == "OptionalType" and value is not None:
+                kind = type(value_info.type.elem_type).__name__
             if kind == "SequenceType":
                 if not isinstance(value, (list, tuple)):
                     raise InvalidArgument(f"input {name!r} is a sequence: pass a list of arrays")
@@ -506,9 +519,3 @@ class InferenceSession:
 
     def _describe_inputs(self) -> str:
         return ", ".join(f"{a.name}: {a.type} {a.shape}" for a in self._inputs)
-
-
-def _opset(model: ir.Model, node: ir.Node) -> int:
-    from nxrt.model import opset_of
-
-    return opset_of(model, node.domain)

@@ -42,7 +42,7 @@ def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities
     if ep.id != EP_ID:
         return None
     return ExecutionProviderCapabilities.from_flags(
-        ["device:cpu", "dtype:float32", "dtype:float64", "dtype:int64", "dtype:int32"]
+        ["device:cpu", "dtype:float32", "dtype:float64", "dtype:int64", "dtype:int32", "nxrt"]
     )
 
 

@@ -25,6 +25,8 @@ class CpuKernel(FunctionKernel):
             raise
         except (ValueError, IndexError, TypeError, ArithmeticError) as exc:
             raise KernelFailed(f"{type(exc).__name__}: {exc}") from exc
+        except MemoryError as exc:
+            raise KernelFailed(f"not enough memory: {exc}; check the input sizes") from exc
 
 
 class CpuExecutionProvider(ExecutionProvider):
@@ -40,4 +42,8 @@ class CpuExecutionProvider(ExecutionProvider):
 
     def create_kernel(self, node: ir.Node, entry: KernelEntry) -> Kernel:
         self._require_initialized()
-        return CpuKernel(entry.fn, self.node_attributes(node), view_output=entry.view_output)
+        factory = getattr(entry.fn, "kernel_factory", None)  # kernels that need the EP
+        if factory is not None:
+            return factory(self, node)
+        attrs = self.kernel_attributes(node, entry)
+        return CpuKernel(entry.fn, attrs, view_output=entry.view_output)

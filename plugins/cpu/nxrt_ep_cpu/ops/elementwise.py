@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -16,17 +15,17 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 @op("Add", since=(7, 13, 14))
 def add(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
-    return np.add(a, b)
+    return np.asarray(np.add(a, b))
 
 
 @op("Sub", since=(7, 13, 14))
 def sub(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
-    return np.subtract(a, b)
+    return np.asarray(np.subtract(a, b))
 
 
 @op("Mul", since=(7, 13, 14))
 def mul(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
-    return np.multiply(a, b)
+    return np.asarray(np.multiply(a, b))
 
 
 @op("Div", since=(7, 13, 14))
@@ -34,8 +33,9 @@ def div(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
     """True division for floats; integer division truncates toward zero, as in C."""
     if np.issubdtype(a.dtype, np.integer):
         # a - fmod(a, b) is an exact multiple of b, so floor division is exact.
-        return np.floor_divide(a - np.fmod(a, b), b)
-    return np.divide(a, b)
+        with np.errstate(divide="ignore"):
+            return np.asarray(np.floor_divide(a - np.fmod(a, b), b))
+    return np.asarray(np.divide(a, b))
 
 
 @op("Sum", since=(6, 8, 13))
@@ -56,31 +56,30 @@ def min_(*data: np.ndarray) -> np.ndarray:
 @op("Mean", since=(6, 8, 13))
 def mean(*data: np.ndarray) -> np.ndarray:
     total = _fold(np.add, data)
-    total /= len(data)
-    return total
+    return np.asarray(np.divide(total, len(data))).astype(total.dtype, copy=False)
 
 
 def _fold(ufunc: np.ufunc, data: tuple[np.ndarray, ...]) -> np.ndarray:
     """Apply a binary ufunc across all inputs; always a fresh array (one input is copied)."""
     if len(data) == 1:
         return data[0].copy()
-    result = ufunc(data[0], data[1])
+    result = np.asarray(ufunc(data[0], data[1]))
     for array in data[2:]:
         if np.broadcast_shapes(result.shape, array.shape) == result.shape:
             ufunc(result, array, out=result)
         else:
-            result = ufunc(result, array)
+            result = np.asarray(ufunc(result, array))
     return result
 
 
 @op("Relu", since=(6, 13, 14))
 def relu(x: np.ndarray, /) -> np.ndarray:
-    return np.maximum(x, 0)
+    return np.asarray(np.maximum(x, 0))
 
 
 @op("LeakyRelu", since=(6, 16))
 def leaky_relu(x: np.ndarray, /, *, alpha: float = float(np.float32(0.01))) -> np.ndarray:
-    return np.where(x < 0, x * alpha, x)
+    return np.where(x < 0, x * alpha, x).astype(x.dtype, copy=False)
 
 
 @op("Sigmoid", since=(6, 13))
@@ -92,42 +91,54 @@ def sigmoid(x: np.ndarray, /) -> np.ndarray:
 
 @op("Tanh", since=(6, 13))
 def tanh(x: np.ndarray, /) -> np.ndarray:
-    return np.tanh(x)
+    return np.asarray(np.tanh(x))
 
 
 @op("Exp", since=(6, 13))
 def exp(x: np.ndarray, /) -> np.ndarray:
-    return np.exp(x)
+    return np.asarray(np.exp(x))
 
 
 @op("Log", since=(6, 13))
 def log(x: np.ndarray, /) -> np.ndarray:
-    return np.log(x)
+    return np.asarray(np.log(x))
 
 
 @op("Sqrt", since=(6, 13))
 def sqrt(x: np.ndarray, /) -> np.ndarray:
-    return np.sqrt(x)
+    return np.asarray(np.sqrt(x))
 
 
 @op("Neg", since=(6, 13))
 def neg(x: np.ndarray, /) -> np.ndarray:
-    return np.negative(x)
+    return np.asarray(np.negative(x))
 
 
 @op("Abs", since=(6, 13))
 def abs_(x: np.ndarray, /) -> np.ndarray:
-    return np.abs(x)
+    return np.asarray(np.abs(x))
 
 
 @op("Pow", since=(7, 12, 13, 15))
 def pow_(x: np.ndarray, y: np.ndarray, /) -> np.ndarray:
-    """``x ** y`` in the dtype of ``x`` (opset 12 lets the exponent's dtype differ)."""
-    if x.dtype == y.dtype:
-        return np.power(x, y)
-    if np.issubdtype(x.dtype, np.floating):
-        return np.power(x, y.astype(x.dtype))
-    return np.power(x.astype(np.float64), y).astype(x.dtype)
+    """``x ** y`` in the dtype of ``x`` (opset 12 lets the exponent's dtype differ).
+
+    Mixed dtypes are computed in the wider type (integers exactly, else in
+    float) and rounded back to the dtype of ``x``.
+    """
+    with np.errstate(all="ignore"):
+        if x.dtype == y.dtype:
+            return np.asarray(np.power(x, y))
+        if x.dtype.kind in "iu" and y.dtype.kind in "iu":
+            return np.asarray(np.power(x, y)).astype(x.dtype, copy=False)
+        return np.asarray(np.power(_as_float(x), _as_float(y))).astype(x.dtype, copy=False)
+
+
+def _as_float(x: np.ndarray) -> np.ndarray:
+    """Numpy floats as they are; integers as float64; ml_dtypes floats as float32."""
+    if x.dtype.kind == "f":
+        return x
+    return x.astype(np.float64 if x.dtype.kind in "iub" else np.float32)
 
 
 @op("Clip", since=6)
@@ -152,7 +163,7 @@ def clip(
 
 def _clip(x: np.ndarray, lo, hi) -> np.ndarray:
     """``min(max(x, lo), hi)``: when ``lo > hi`` every value becomes ``hi``, as in ORT."""
-    y = x.copy() if lo is None else np.maximum(x, lo)
+    y = x.copy() if lo is None else np.asarray(np.maximum(x, lo))
     if hi is not None:
         np.minimum(y, hi, out=y)
     return y
@@ -160,8 +171,16 @@ def _clip(x: np.ndarray, lo, hi) -> np.ndarray:
 
 @op("Identity", since=(1, 13, 14, 16, 19, 21, 23, 24, 25), view_output=0)
 def identity(x, /):
-    """A view of the input (sequences and optionals pass through unchanged)."""
-    return x.view() if isinstance(x, np.ndarray) else x
+    """A view of the input; a sequence gives a new list of the same arrays, None stays None."""
+    if isinstance(x, np.ndarray):
+        return x.view()
+    return list(x) if isinstance(x, (list, tuple)) else x
+
+
+@op("Size", since=(1, 13, 19, 21, 23, 24, 25))
+def size(x: np.ndarray, /) -> np.ndarray:
+    """The number of elements, as an int64 scalar."""
+    return np.array(x.size, dtype=np.int64)
 
 
 @op("Dropout", since=7, view_output=0)
@@ -185,16 +204,16 @@ def dropout(
     *,
     seed: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Dropout with ``ratio``/``training_mode`` inputs; only inference is supported.
+    """Dropout with ``ratio``/``training_mode`` inputs.
 
-    Training mode with ``ratio == 0`` is still the identity; any other
-    training-mode call is refused, since an inference runtime has no use for
-    random masks.
+    Inference (the default) is the identity with an all-true mask. Training
+    mode zeroes each element with probability ``ratio`` and scales the rest by
+    ``1 / (1 - ratio)``; a ``seed`` makes the mask reproducible, drawn the
+    way the ONNX reference draws it.
     """
     if training_mode is not None and bool(training_mode):
-        if ratio is None or float(ratio) != 0:
-            raise KernelFailed(
-                "Dropout with training_mode=True is not supported by the cpu EP (inference "
-                "only); export the model in eval mode or set training_mode to False"
-            )
+        rate = 0.5 if ratio is None else float(ratio)
+        if rate != 0:
+            mask = np.random.RandomState(seed).uniform(0, 1, data.shape) >= rate
+            return (mask * data / (1 - rate)).astype(data.dtype), mask
     return data.view(), np.ones(data.shape, dtype=bool)

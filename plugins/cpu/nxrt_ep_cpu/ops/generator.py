@@ -12,6 +12,8 @@ from nxrt_ep_cpu.ops._registry import op
 def constant_of_shape(shape: np.ndarray, /, *, value: np.ndarray | None = None) -> np.ndarray:
     """A tensor of ``shape`` filled with the one-element ``value`` (float32 0 by default)."""
     dims = tuple(int(d) for d in shape.reshape(-1))
+    if any(d < 0 for d in dims):
+        raise KernelFailed(f"ConstantOfShape: shape {list(dims)} has a negative dimension")
     if value is None:
         return np.zeros(dims, dtype=np.float32)
     value = np.asarray(value)
@@ -23,7 +25,7 @@ def constant_of_shape(shape: np.ndarray, /, *, value: np.ndarray | None = None) 
 @op("Constant", since=(1, 9))
 def constant_1(*, value: np.ndarray) -> np.ndarray:
     """The ``value`` tensor attribute (copied, so callers may not alter the model)."""
-    return np.array(value)
+    return _tensor(value)
 
 
 @op("Constant", since=11)
@@ -54,7 +56,7 @@ def constant(
             "Constant: sparse_value is not supported by the cpu EP; store the tensor dense"
         )
     if value is not None:
-        return np.array(value)
+        return _tensor(value)
     if value_float is not None:
         return np.array(value_float, dtype=np.float32)
     if value_floats is not None:
@@ -68,6 +70,15 @@ def constant(
     if value_strings is not None:
         return np.array([_text(s) for s in value_strings], dtype=object).reshape(-1)
     raise KernelFailed("Constant: exactly one value attribute must be set, none is")
+
+
+def _tensor(value: np.ndarray) -> np.ndarray:
+    """A copy of a tensor attribute; string tensors become object arrays of ``str``."""
+    value = np.asarray(value)
+    if value.dtype.kind in ("S", "U", "O"):
+        flat = [_text(s) for s in value.reshape(-1).tolist()]
+        return np.array(flat, dtype=object).reshape(value.shape)
+    return np.array(value)
 
 
 def _text(s: str | bytes) -> str:

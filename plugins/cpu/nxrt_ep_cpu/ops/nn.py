@@ -65,14 +65,24 @@ def batch_normalization(
     epsilon: float = _EPSILON,
     momentum: float = _MOMENTUM,
     training_mode: int = 0,
-) -> np.ndarray:
-    """Inference BatchNormalization (opset 14 on; 15 lets statistics have their own dtype)."""
-    if training_mode:
-        raise KernelFailed(
-            "BatchNormalization with training_mode=1 is not supported by the cpu EP "
-            "(inference only); export the model in eval mode"
-        )
-    return _batch_norm(x, scale, b, input_mean, input_var, epsilon)
+) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """BatchNormalization (opset 14 on; 15 lets statistics have their own dtype).
+
+    With ``training_mode=1`` the batch's own statistics (population variance
+    over every axis but 1) normalise ``x``, and the running statistics come
+    back updated: ``running = input * momentum + batch * (1 - momentum)``.
+    """
+    if not training_mode:
+        return _batch_norm(x, scale, b, input_mean, input_var, epsilon)
+    axes = (0,) + tuple(range(2, x.ndim))
+    wide = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
+    mean = np.mean(wide, axis=axes)
+    var = np.var(wide, axis=axes)
+    y = _batch_norm(x, scale, b, mean, var, epsilon)
+    stats = input_mean.dtype
+    running_mean = input_mean * momentum + mean * (1 - momentum)
+    running_var = input_var * momentum + var * (1 - momentum)
+    return y, running_mean.astype(stats, copy=False), running_var.astype(stats, copy=False)
 
 
 def _batch_norm(x, scale, b, mean, var, epsilon: float) -> np.ndarray:
@@ -133,6 +143,27 @@ def log_softmax(x: np.ndarray, /, *, axis: int = -1) -> np.ndarray:
     return _log_softmax(x, axis)
 
 
+@op("Hardmax", since=(1, 11))
+def hardmax_1(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
+    """One-hot of the first maximum over the flattened axes ``axis..`` (opsets 1 and 11)."""
+    return _hardmax(_as_2d(x, axis), axis=1).reshape(x.shape)
+
+
+@op("Hardmax", since=13)
+def hardmax(x: np.ndarray, /, *, axis: int = -1) -> np.ndarray:
+    """One-hot of the first maximum along one axis (opset 13 semantics)."""
+    return _hardmax(x, axis)
+
+
+def _hardmax(x: np.ndarray, axis: int) -> np.ndarray:
+    axis = axis + x.ndim if axis < 0 else axis
+    y = np.zeros(x.shape, dtype=x.dtype)
+    if x.size:
+        first = np.expand_dims(np.argmax(x, axis=axis), axis)
+        np.put_along_axis(y, first, 1, axis=axis)
+    return y
+
+
 def _as_2d(x: np.ndarray, axis: int) -> np.ndarray:
     axis = axis + x.ndim if axis < 0 else axis
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
@@ -151,6 +182,23 @@ def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return y
 
 
+@op("Gemm", since=(1, 6))
+def gemm_1(
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    /,
+    *,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    broadcast: int = 0,
+    transA: int = 0,
+    transB: int = 0,
+) -> np.ndarray:
+    """Gemm before opset 7: C is required; ``broadcast`` only said whether C may broadcast."""
+    return gemm(a, b, c, alpha=alpha, beta=beta, transA=transA, transB=transB)
+
+
 @op("Gemm", since=(7, 9, 11, 13))
 def gemm(
     a: np.ndarray,
@@ -164,7 +212,9 @@ def gemm(
     transB: int = 0,
 ) -> np.ndarray:
     """``alpha * A' @ B' + beta * C``; C broadcasts to ``(M, N)`` (optional from opset 11)."""
-    y = np.matmul(a.T if transA else a, b.T if transB else b)
+    y = np.asarray(np.matmul(a.T if transA else a, b.T if transB else b)).astype(
+        a.dtype, copy=False
+    )
     if alpha != 1.0:
         y = np.multiply(y, alpha, out=y, casting="unsafe")
     if c is not None and beta != 0.0:
@@ -176,11 +226,48 @@ def gemm(
 
 @op("MatMul", since=(1, 9, 13))
 def mat_mul(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
-    """Matrix product with numpy's rules for 1-D operands and batch broadcasting."""
-    return np.matmul(a, b)
+    """Matrix product with numpy's rules for 1-D operands and batch broadcasting.
+
+    numpy returns float32 for bfloat16 operands; the result is cast back.
+    """
+    return np.asarray(np.matmul(a, b)).astype(a.dtype, copy=False)
 
 
 @op("Flatten", since=(1, 9, 11, 13, 21, 23, 24, 25), view_output=0)
 def flatten(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
     """The input as 2-D: axes before ``axis`` become rows, the rest columns (a view)."""
     return _as_2d(x, axis)
+
+
+@op("Einsum", since=(12, 28))
+def einsum(*inputs: np.ndarray, equation: str) -> np.ndarray:
+    """Einstein summation; small floats (float16, bfloat16) are accumulated in float32."""
+    if isinstance(equation, bytes):
+        equation = equation.decode()
+    equation = equation.replace(" ", "")
+    if not inputs:
+        raise KernelFailed("Einsum needs at least one input")
+    dtype = inputs[0].dtype
+    wide = _wide_float(dtype)
+    operands = [t.astype(wide, copy=False) for t in inputs] if wide != dtype else inputs
+    try:
+        y = np.einsum(equation, *operands, optimize=len(operands) > 2)
+    except ValueError as exc:
+        raise KernelFailed(f"Einsum equation {equation!r} does not fit its inputs: {exc}") from exc
+    return np.asarray(y).astype(dtype, copy=False)
+
+
+@op("Det", since=(11, 22))
+def det(x: np.ndarray, /) -> np.ndarray:
+    """Determinant of each square matrix in the last two axes."""
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+        raise KernelFailed(f"Det needs square matrices in the last two axes, got shape {x.shape}")
+    wide = x.dtype if x.dtype in (np.float32, np.float64) else np.dtype(np.float32)
+    return np.asarray(np.linalg.det(x.astype(wide, copy=False))).astype(x.dtype, copy=False)
+
+
+def _wide_float(dtype: np.dtype) -> np.dtype:
+    """float32 for floats narrower than it (float16, bfloat16 ...), else the dtype itself."""
+    if dtype.kind == "V" or (dtype.kind == "f" and dtype.itemsize < 4):
+        return np.dtype(np.float32)
+    return dtype

@@ -10,6 +10,14 @@ from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 
 
+@op("Reshape", since=1, view_output=0)
+def reshape_1(
+    data: np.ndarray, /, *, consumed_inputs: list[int] | None = None, shape: list[int] | None = None
+) -> np.ndarray:
+    """Reshape to the ``shape`` attribute (opset 1); 0 copies a dimension, -1 is inferred."""
+    return data.reshape(_target_shape(data, np.asarray(shape or [], dtype=np.int64), allowzero=0))
+
+
 @op("Reshape", since=(5, 13), view_output=0)
 def reshape_5(data: np.ndarray, shape: np.ndarray, /) -> np.ndarray:
     """Reshape where 0 copies the input's dimension and -1 is inferred."""
@@ -45,8 +53,17 @@ def transpose(data: np.ndarray, /, *, perm: list[int] | None = None) -> np.ndarr
     return np.transpose(data, perm).copy()
 
 
+@op("Concat", since=1)
+def concat_1(*inputs: np.ndarray, axis: int = 1) -> np.ndarray:
+    """Concatenate along ``axis`` (1 by default in opset 1)."""
+    return np.concatenate(inputs, axis=axis)
+
+
 @op("Concat", since=(4, 11, 13))
 def concat(*inputs: np.ndarray, axis: int) -> np.ndarray:
+    """Concatenate along ``axis`` (negative counts from the end since opset 11)."""
+    if not inputs:
+        raise KernelFailed("Concat: needs at least one input")
     return np.concatenate(inputs, axis=axis)
 
 

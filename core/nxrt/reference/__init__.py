@@ -1,0 +1,1 @@
+"""Plain numpy reference implementations of nxrt's own operators (for tests and tools)."""

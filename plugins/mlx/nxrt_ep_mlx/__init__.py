@@ -1,0 +1,3 @@
+"""nxrt's MLX execution provider."""
+
+__version__ = "0.1.0"
