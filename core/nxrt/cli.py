@@ -300,6 +300,29 @@ def cmd_check_ep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from nxrt.compile import compile_model
+    from nxrt.errors import NxrtError
+
+    try:
+        report = compile_model(
+            args.model, args.output, args.ep.split(","), embed_mode=args.embed_mode
+        )
+    except NxrtError as exc:
+        print(f"nxrt: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    rows = [(name, ep, nodes, "EPContext") for name, ep, nodes in report.saved]
+    rows += [(name, ep, "-", f"left as nodes: {why}") for name, ep, why in report.not_saved]
+    if rows:
+        print(_table(rows, ("partition", "EP", "nodes", "written as")))
+    else:
+        print("no EP compiled a partition of this model; it is written unchanged")
+    for side in report.side_files:
+        print(f"side file: {side}")
+    print(f"wrote {report.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nxrt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -329,6 +352,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show", type=int, default=5, help="failures shown per operator")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_check_ep)
+
+    p = sub.add_parser("compile", help="save compiled partitions as EPContext nodes")
+    p.add_argument("model", help="path to a .onnx model (never modified)")
+    p.add_argument("-o", "--output", required=True, help="path of the model to write")
+    p.add_argument("--ep", required=True, help="comma-separated EP ids, e.g. mlx,cpu")
+    p.add_argument(
+        "--embed-mode", type=int, choices=(0, 1), default=1, help="1: blobs inside; 0: side files"
+    )
+    p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("partition", help="which EP runs which nodes, partitions and copies")
     p.add_argument("model", help="path to a .onnx model")

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from nxrt.errors import DuplicateContextSource, NoEpForContext, UnsupportedContext
+from nxrt.errors import DuplicateContextSource, InvalidModel, NoEpForContext, UnsupportedContext
 from nxrt.registry import EpDescriptor
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
 
 EPCONTEXT_OP = "EPContext"
 EPCONTEXT_DOMAIN = "com.microsoft"
@@ -69,3 +73,72 @@ def build_ep_context_registry(descriptors: Iterable[EpDescriptor]) -> EpContextR
         for key in descriptor.context_sources:
             registry.add(key, descriptor.id)
     return registry
+
+
+def is_context_node(node: ir.Node) -> bool:
+    return node.op_type == EPCONTEXT_OP and node.domain == EPCONTEXT_DOMAIN
+
+
+def _attribute(node: ir.Node, name: str, default: Any) -> Any:
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.value
+
+
+def read_context(node: ir.Node, base_dir: str | None) -> EpContext:
+    """An ``EPContext`` node as an :class:`EpContext`, read the way ONNX Runtime reads it.
+
+    Unknown attributes are ignored and missing ones take their defaults. With
+    ``embed_mode=0`` the blob is a file beside the model, whose path must
+    stay inside the model's folder (no absolute path, no ``..``, no symlink
+    out of it).
+    """
+    name = _attribute(node, "partition_name", "") or node.name
+    blob = _attribute(node, "ep_cache_context", b"")
+    blob = blob.encode("utf-8") if isinstance(blob, str) else bytes(blob)
+    embed_mode = int(_attribute(node, "embed_mode", 1))
+    if embed_mode == 0:
+        blob = _read_side_file(blob.decode("utf-8", errors="replace"), base_dir, name)
+    elif embed_mode != 1:
+        raise InvalidModel(f"EPContext {name!r} has embed_mode {embed_mode}; it must be 0 or 1")
+    return EpContext(
+        source=_attribute(node, "source", None) or None,
+        ep_cache_context=blob,
+        main_context=int(_attribute(node, "main_context", 1)),
+        embed_mode=embed_mode,
+        ep_sdk_version=str(_attribute(node, "ep_sdk_version", "")),
+        onnx_model_filename=str(_attribute(node, "onnx_model_filename", "")),
+        hardware_architecture=str(_attribute(node, "hardware_architecture", "")),
+        partition_name=name,
+        notes=str(_attribute(node, "notes", "")),
+        max_size=int(_attribute(node, "max_size", 0)),
+        inputs=[v.name if v is not None else "" for v in node.inputs],
+        outputs=[v.name for v in node.outputs],
+    )
+
+
+def _read_side_file(location: str, base_dir: str | None, name: str) -> bytes:
+    from nxrt.external_data import resolve_location
+
+    if base_dir is None:
+        raise InvalidModel(
+            f"EPContext {name!r} keeps its blob in the file {location!r} (embed_mode=0); "
+            "load the model from its path so the file can be found next to it"
+        )
+    with open(resolve_location(base_dir, location, f"EPContext {name}"), "rb") as f:
+        return f.read()
+
+
+def context_attributes(context: EpContext, blob_or_path: bytes) -> dict[str, Any]:
+    """The attributes an ``EPContext`` node is written with (every one ORT's schema has)."""
+    return {
+        "main_context": context.main_context,
+        "ep_cache_context": blob_or_path,
+        "embed_mode": context.embed_mode,
+        "ep_sdk_version": context.ep_sdk_version,
+        "onnx_model_filename": context.onnx_model_filename,
+        "hardware_architecture": context.hardware_architecture,
+        "partition_name": context.partition_name,
+        "source": context.source or "",
+        "notes": context.notes,
+        "max_size": context.max_size,
+    }

@@ -99,10 +99,11 @@ class NotInitialized(NxrtError):
 class NoEpForContext(NxrtError):
     """No installed EP owns an EPContext node's ``source`` key."""
 
-    def __init__(self, source_key: str | None) -> None:
+    def __init__(self, source_key: str | None, detail: str = "") -> None:
         self.source_key = source_key
         super().__init__(
-            f"no EP is registered for EPContext source key {source_key!r}; install the EP "
+            detail
+            or f"no EP is registered for EPContext source key {source_key!r}; install the EP "
             "that compiled this model or recompile it with `nxrt compile`."
         )
 

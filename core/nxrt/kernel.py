@@ -107,6 +107,8 @@ class SubgraphClaim:
     EPs fill ``ep`` and ``nodes``; the host fills ``inputs`` and ``outputs``
     (value names crossing the claim's boundary, in a stable order) once it has
     checked that the claim is acyclic and that its nodes are still free.
+    ``kernel`` is set when the partition arrives precompiled (an EPContext
+    node), so nothing needs compiling.
     """
 
     ep: str
@@ -114,6 +116,7 @@ class SubgraphClaim:
     name: str = ""
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    kernel: Kernel | None = None
 
 
 def attribute_values(

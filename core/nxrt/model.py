@@ -9,6 +9,7 @@ with what is wrong and where.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -117,10 +118,15 @@ def load_model(
     proto = read_proto(model)
     check_opsets(proto)
     proto = check_proto(proto)
+    serde_log = logging.getLogger("onnx_ir.serde")
+    level = serde_log.level
+    serde_log.setLevel(logging.ERROR)  # EPContext blobs are binary in string attributes, as in ORT
     try:
         ir_model = ir.from_proto(proto)
     except Exception as exc:  # noqa: BLE001
         raise InvalidModel(f"the model's graph cannot be read: {exc}") from exc
+    finally:
+        serde_log.setLevel(level)
     validate_graph(ir_model.graph)
     return ir_model, base_dir
 

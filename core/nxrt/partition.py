@@ -137,8 +137,13 @@ def partition(
     eps: Sequence[tuple[ExecutionProvider, str]],
     host: Host,
     graph: ir.Graph | None = None,
+    preplaced: dict[int, SubgraphClaim] | None = None,
 ) -> Placement:
-    """Place every node of ``graph`` (default: the main graph) on one of ``eps``, in order."""
+    """Place every node of ``graph`` (default: the main graph) on one of ``eps``, in order.
+
+    ``preplaced`` maps ``id(node)`` to a precompiled claim (an EPContext node
+    loaded by its EP); those nodes are placed before any EP is asked.
+    """
     graph = graph if graph is not None else model.graph
     nodes = list(graph)
     position = {id(n): i for i, n in enumerate(nodes)}
@@ -148,6 +153,11 @@ def partition(
     node_claim: list[int | None] = [None] * len(nodes)
     matches: list[KernelMatch | None] = [None] * len(nodes)
     refusals: list[list[tuple[str, str]]] = [[] for _ in nodes]
+    for i, node in enumerate(nodes):
+        claim = (preplaced or {}).get(id(node))
+        if claim is not None:
+            node_ep[i], node_claim[i] = claim.ep, len(report.claims)
+            report.claims.append(claim)
 
     for ep, owner in eps:
         free = [n for n in nodes if node_ep[position[id(n)]] is None]

@@ -17,11 +17,13 @@ import numpy as np
 import onnx
 
 from nxrt import contrib_ops  # noqa: F401  (registers nxrt's op schemas with onnx)
-from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel, NxrtError
+from nxrt.epcontext import build_ep_context_registry, is_context_node, read_context
+from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel, NoEpForContext, NxrtError
 from nxrt.executor import NO_SLOT, CopyKernel, Plan, Profiler, Step
 from nxrt.external_data import resolve_external_data
 from nxrt.host import Host, NxrtPluginManager
 from nxrt.host_parallel import HostParallel
+from nxrt.kernel import SubgraphClaim
 from nxrt.memory import parse_bytes
 from nxrt.model import load_model, numpy_dtype, opset_of, type_string_of
 from nxrt.optimizer import optimize
@@ -174,7 +176,8 @@ class InferenceSession:
         fused: list[tuple[str, str]] = []
         if self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_BASIC:
             folded, fused = optimize(self._model, self._evaluate_constant)
-        placement = partition(self._model, self._eps, self._host)
+        placement = partition(self._model, self._eps, self._host, preplaced=self._load_contexts())
+        self._check_compile_allowed(placement.report)
         self._report = placement.report
         self._report.folded, self._report.fused = folded, fused
         self._plan = self._build_plan(placement)
@@ -323,7 +326,7 @@ class InferenceSession:
                     continue
                 compiled.add(claim_index)
                 claim = report.claims[claim_index]
-                kernel = ep.compile(claim, graph)
+                kernel = claim.kernel if claim.kernel is not None else ep.compile(claim, graph)
                 ins, outs, name, op_type = claim.inputs, claim.outputs, claim.name, "Subgraph"
                 flops = bytes_ = 0
             else:
@@ -364,6 +367,61 @@ class InferenceSession:
         plan = Plan(list(slots), constants, input_slots, output_slots, steps, output_hosts)
         plan.finish()
         return plan
+
+    def _load_contexts(self) -> dict[int, SubgraphClaim]:
+        """Precompiled partitions: each EPContext node loaded by the EP owning its source."""
+        nodes = [node for node in self._model.graph if is_context_node(node)]
+        if not nodes:
+            return {}
+        registry = build_ep_context_registry(self._registry.providers.values())
+        loaded = {}
+        for node in nodes:
+            context = read_context(node, self._base_dir)
+            owner_id = registry.owner(context.source)
+            session_eps = {ep.id: (ep, owner) for ep, owner in self._eps}
+            if owner_id not in session_eps:
+                raise NoEpForContext(
+                    context.source,
+                    f"EPContext {context.partition_name!r} is for EP {owner_id!r}, which is "
+                    f"installed but not among this session's providers "
+                    f"{list(session_eps)}; add {owner_id!r} to providers",
+                )
+            registry.require_support(owner_id)
+            ep, plugin = session_eps[owner_id]
+            kernel = self._host.load_context(ep, plugin, context)
+            loaded[id(node)] = SubgraphClaim(
+                ep.id,
+                [node],
+                name=context.partition_name,
+                inputs=[v.name if v is not None else "" for v in node.inputs],
+                outputs=[v.name for v in node.outputs],
+                kernel=kernel,
+            )
+        return loaded
+
+    def _check_compile_allowed(self, report: PartitionReport) -> None:
+        """With ``session.disable_model_compile``, only precompiled partitions are accepted."""
+        if not self._options.config_flag(DISABLE_MODEL_COMPILE):
+            return
+        for claim in report.claims:
+            if claim.kernel is None:
+                raise InvalidModel(
+                    f"{DISABLE_MODEL_COMPILE} is set, but EP {claim.ep!r} would compile a "
+                    f"partition of {len(claim.nodes)} node(s) starting at "
+                    f"{claim.nodes[0].name!r}; compile the model first: "
+                    f"`nxrt compile MODEL -o OUT --ep {claim.ep}`"
+                )
+
+    def compiled_partitions(self) -> list[tuple[SubgraphClaim, ExecutionProvider, str, Any]]:
+        """Each claim with its EP, owning plugin and kernel (what ``nxrt compile`` saves)."""
+        owners = {ep.id: (ep, owner) for ep, owner in self._eps}
+        steps = self._plan.steps
+        kernels = {step.name: step.kernel for step in steps if step.op_type == "Subgraph"}
+        return [
+            (claim, *owners[claim.ep], kernels[claim.name])
+            for claim in self._report.claims
+            if claim.name in kernels
+        ]
 
     def _compile_subgraph(self, graph: ir.Graph) -> Subgraph:
         """Partition and plan a graph attribute with the session's EPs."""
