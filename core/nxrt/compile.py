@@ -9,7 +9,6 @@ is written atomically (a temporary file in the same folder, then a rename).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from onnx import helper
 
 from nxrt.epcontext import EPCONTEXT_DOMAIN, EPCONTEXT_OP, EpContext, context_attributes
 from nxrt.errors import InvalidArgument
+from nxrt.files import write_atomically
 from nxrt.model import read_proto
 
 SDK_METADATA_PREFIX = "ep_compatibility_info."
@@ -91,7 +91,7 @@ def compile_model(
     _drop_unused_initializers(proto.graph)
     if replaced and not any(o.domain == EPCONTEXT_DOMAIN for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(EPCONTEXT_DOMAIN, 1))
-    _write_atomically(output, proto.SerializeToString())
+    write_atomically(output, proto.SerializeToString())
     return report
 
 
@@ -105,7 +105,7 @@ def _context_node(
     if embed_mode == 0:
         stem = os.path.splitext(os.path.basename(output))[0]
         side = f"{stem}_{context.partition_name}.ctx"
-        _write_atomically(os.path.join(os.path.dirname(output), side), blob)
+        write_atomically(os.path.join(os.path.dirname(output), side), blob)
         report.side_files.append(side)
         blob = side.encode()
     attrs = context_attributes(context, blob)
@@ -169,21 +169,3 @@ def _set_metadata(proto: onnx.ModelProto, key: str, value: str) -> None:
             entry.value = value
             return
     proto.metadata_props.add(key=key, value=value)
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".nxrt-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would have made it
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -134,29 +134,27 @@ def _connected(nodes: Any) -> bool:
     return len(seen) == len(members)
 
 
-def test_epcontext_round_trip(ep_id: str) -> None:
+def test_epcontext_round_trip(ep_id: str, tmp_path: Any) -> None:
+    """Compile a model, save its partitions as EPContext nodes, load them back: same results."""
     import nxrt
+    from nxrt.compile import compile_model
+    from nxrt.session import DISABLE_MODEL_COMPILE
 
     descriptor = _descriptor(ep_id)
     ep = _provider(ep_id)
-    capabilities = _host().capabilities(ep, descriptor.plugin)
-    if not capabilities.advertises("epcontext"):
+    if not _host().capabilities(ep, descriptor.plugin).advertises("epcontext"):
         with pytest.raises(UnsupportedContext):
             _host().load_context(ep, descriptor.plugin, EpContext(descriptor.id))
         return
-    session = nxrt.InferenceSession(light_model_path("squeezenet"), providers=[ep_id, "cpu"])
-    compiled = [s for s in session._plan.steps if s.op_type == "Subgraph" and s.ep == ep_id]
-    assert compiled, "an EP advertising epcontext should compile at least one partition here"
-    claims = {c.name: c for c in session.get_partition().claims}
-    feeds = dummy_feeds(session)
-    reference = session.run(None, feeds)
-    for step in compiled:
-        claim = claims[step.name]
-        context = _host().save_context(ep, descriptor.plugin, claim, step.kernel)
-        assert isinstance(context, EpContext) and context.source in descriptor.context_sources
-        loaded = _host().load_context(ep, descriptor.plugin, context)
-        step.kernel = loaded
-    for got, want in zip(session.run(None, feeds), reference):
+    source, compiled = light_model_path("squeezenet"), str(tmp_path / "compiled.onnx")
+    report = compile_model(source, compiled, [ep_id, "cpu"])
+    assert report.saved, "an EP advertising epcontext should save at least one partition here"
+    options = nxrt.SessionOptions()
+    options.add_session_config_entry(DISABLE_MODEL_COMPILE, "1")
+    loaded = nxrt.InferenceSession(compiled, options, providers=[ep_id, "cpu"])
+    original = nxrt.InferenceSession(source, providers=[ep_id, "cpu"])
+    feeds = dummy_feeds(original)
+    for got, want in zip(loaded.run(None, feeds), original.run(None, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
