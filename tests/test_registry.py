@@ -110,3 +110,12 @@ def test_cpu_kernel_versions_and_defaults_match_onnx_defs(key):
     assert "/" in str(inspect.signature(entry.fn)) or not any(
         p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
     ), f"{key}: inputs must be positional-only"
+
+
+def test_default_order_follows_declared_priority_with_cpu_last():
+    from nxrt.registry import EpDescriptor
+
+    registry = EpRegistry()
+    for ep_id, priority in [("cpu", 100), ("bridge", 10), ("accel", 20), ("zeta", 0)]:
+        registry.add(EpDescriptor(ep_id, lambda c: None, priority=priority))
+    assert registry.default_order() == ["accel", "bridge", "zeta", "cpu"]

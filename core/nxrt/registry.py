@@ -206,6 +206,7 @@ class EpDescriptor:
     aliases: tuple[str, ...] = ()
     ops: OpRegistry | None = None
     description: str = ""
+    priority: int = 0  # orders the default providers list only (higher first)
 
 
 @dataclass
@@ -230,8 +231,9 @@ class EpRegistry:
         return None
 
     def default_order(self) -> list[str]:
-        """Every installed EP, ``cpu`` last (the default ``providers`` list)."""
-        ids = sorted(self.providers)
+        """Every installed EP by declared priority (then name), ``cpu`` last: the default
+        ``providers`` list. A session's own ``providers`` always overrides it."""
+        ids = sorted(self.providers, key=lambda i: (-self.providers[i].priority, i))
         return [i for i in ids if i != "cpu"] + (["cpu"] if "cpu" in self.providers else [])
 
 
@@ -255,8 +257,13 @@ class Registrar:
         context_sources: Sequence[str] = (),
         aliases: Sequence[str] = (),
         description: str = "",
+        priority: int = 0,
     ) -> None:
-        """Declare an EP; ``factory(config)`` builds it when a session asks for it."""
+        """Declare an EP; ``factory(config)`` builds it when a session asks for it.
+
+        ``priority`` only orders the default ``providers`` list (higher first):
+        a device EP that should win by default declares more than a host one.
+        """
         if not isinstance(id, str) or not id.isidentifier():
             raise TypeError(f"EP id must be an identifier string, got {id!r}")
         if not callable(factory):
@@ -275,6 +282,7 @@ class Registrar:
                 context_sources=tuple(context_sources),
                 aliases=tuple(aliases),
                 description=description,
+                priority=int(priority),
             )
         )
 

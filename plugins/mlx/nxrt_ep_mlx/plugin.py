@@ -49,6 +49,7 @@ def nxrt_register(registry: Registrar) -> None:
         context_sources=(CONTEXT_SOURCE,),
         aliases=("MLXExecutionProvider",),
         description="MLX: claims subgraphs and compiles each with mx.compile",
+        priority=20,  # by default, MLX takes what it can before the ORT bridge and the cpu EP
     )
     registry.add_kernels(EP_ID, MLX_OPS)
 
