@@ -11,7 +11,7 @@ import pytest
 import nxrt
 
 
-@pytest.mark.parametrize("ep", ["cpu", "mlx"])
+@pytest.mark.parametrize("ep", ["cpu", "mlx", "legacy_abi"])
 def test_the_kit_passes_for_a_shipped_ep(ep, tmp_path):
     if ep not in nxrt.get_available_providers():
         pytest.fail(f"the {ep} EP is not installed; `make test` installs every plugin")

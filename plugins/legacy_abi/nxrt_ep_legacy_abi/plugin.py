@@ -1,0 +1,90 @@
+"""Hook implementations of the legacy_abi EPs (and nothing else).
+
+EP ids are decided without importing onnxruntime, so discovery stays cheap:
+``legacy_abi`` exists whenever an onnxruntime distribution is installed and
+runs on ORT's CPUExecutionProvider unless its ``provider`` option names
+another; distributions that ship more providers add an id each
+(``onnxruntime-gpu`` adds ``legacy_abi_cuda`` and ``legacy_abi_tensorrt``),
+and each ORT plugin-EP library named in ``NXRT_ORT_EP_LIBRARIES=name=path,...``
+adds ``legacy_abi_<name>``. Whether a provider really loads is checked when
+its EP is instantiated, so a missing or broken one fails (``EpLoadFailed``)
+only when a session asks for it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import nxrt
+from nxrt.weight import ExecutionProviderCapabilities
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.epcontext import EpContext
+    from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
+    from nxrt.provider import ExecutionProvider
+    from nxrt.registry import Registrar
+
+
+def _ours(ep: ExecutionProvider) -> bool:
+    from nxrt_ep_legacy_abi.provider import LegacyOrtEp
+
+    return isinstance(ep, LegacyOrtEp)
+
+
+@nxrt.hookimpl
+def nxrt_register(registry: Registrar) -> None:
+    from nxrt_ep_legacy_abi.provider import create_ep, discover_eps
+
+    for spec in discover_eps():
+        registry.add_provider(
+            spec.id,
+            functools.partial(create_ep, spec),
+            device_type=spec.device_type,
+            context_sources=(spec.id,),
+            description=spec.description,
+            priority=10,  # by default after native EPs such as mlx, before the cpu EP
+        )
+
+
+@nxrt.hookimpl
+def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities | None:
+    if not _ours(ep):
+        return None
+    flags = [f"device:{ep.device_type}", "epcontext", f"ort:{ep.ort_provider}"]
+    flags += [f"dtype:{t}" for t in ("float32", "float16", "bfloat16", "float64", "int64", "int32")]
+    return ExecutionProviderCapabilities.from_flags(flags)
+
+
+@nxrt.hookimpl
+def nxrt_claim_subgraphs(
+    ep: ExecutionProvider, graph: ir.Graph, nodes: list[ir.Node]
+) -> list[SubgraphClaim] | None:
+    if not _ours(ep):
+        return None
+    return ep.claim(graph, nodes)
+
+
+@nxrt.hookimpl
+def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> KernelMatch | None:
+    if not _ours(ep):
+        return None
+    return ep.match(node, opset)
+
+
+@nxrt.hookimpl
+def nxrt_save_context(
+    ep: ExecutionProvider, claim: SubgraphClaim, kernel: Kernel
+) -> EpContext | None:
+    if not _ours(ep):
+        return None
+    return ep.save_context(claim, kernel)
+
+
+@nxrt.hookimpl
+def nxrt_load_context(ep: ExecutionProvider, context: EpContext) -> Kernel | None:
+    if not _ours(ep):
+        return None
+    return ep.load_context(context)
