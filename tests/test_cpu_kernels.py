@@ -424,6 +424,94 @@ def test_conv_weights_as_inputs():
     check("Conv", {"x": x, "w": w, "b": b}, opset=11, pads=[1, 1, 1, 1])
 
 
+#: One shape per Conv variant the cpu EP picks (see nxrt_ep_cpu/ops/conv.py).
+CONV_VARIANTS = {
+    "pointwise": dict(x=(2, 8, 6, 7), w=(5, 8, 1, 1), strides=[2, 1]),
+    "taps": dict(x=(1, 48, 10, 24), w=(16, 48, 3, 3), pads=[1, 1, 1, 1]),
+    "columns": dict(x=(1, 4, 6, 30), w=(6, 4, 3, 3), pads=[1, 1, 1, 1], dilations=[2, 1]),
+    "grouped columns": dict(x=(1, 8, 10, 24), w=(8, 2, 3, 3), group=4, pads=[1, 1, 1, 1]),
+    "strided columns": dict(x=(1, 3, 20, 40), w=(4, 3, 5, 5), strides=[2, 2], pads=[2] * 4),
+    "im2col": dict(x=(2, 4, 6, 6), w=(6, 4, 3, 3), pads=[1, 0, 1, 2], strides=[1, 2]),
+    "depthwise": dict(x=(1, 6, 9, 9), w=(6, 1, 3, 3), group=6, strides=[2, 2], pads=[1] * 4),
+    "generic": dict(x=(1, 2, 5, 6, 7), w=(3, 2, 3, 3, 3), pads=[1, 0, 1, 1, 1, 0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_VARIANTS))
+def test_conv_variants_are_chosen_by_shape_and_recorded(case):
+    attrs = dict(CONV_VARIANTS[case])
+    x, w = rand(*attrs.pop("x"), seed=1), rand(*attrs.pop("w"), seed=2)
+    b = rand(w.shape[0], seed=3)
+    model, feeds = make_model(
+        "Conv", {"x": x, "w": w, "b": b}, opset=11, weights=("w", "b"), **attrs
+    )
+    got, expected = run_both(model, feeds)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-4)
+    declared = onnx.shape_inference.infer_shapes(model)
+    session = nxrt.InferenceSession(declared.SerializeToString(), providers=["cpu"])
+    (step,) = session._plan.steps
+    assert step.kernel.variant == case.split()[-1]  # chosen at creation from inferred shapes
+    assert step.kernel.variant_reason
+
+
+def test_conv_split_across_the_pool_matches_one_thread():
+    from nxrt.host_parallel import HostParallel
+    from nxrt_ep_cpu.ops.conv import ConvKernel
+
+    x, w, b = rand(1, 64, 30, 30, seed=1), rand(64, 1, 3, 3, seed=2), rand(64, seed=3)
+    attrs = {"group": 64, "pads": [1, 1, 1, 1]}
+    with HostParallel(2) as pool:
+        split = ConvKernel(attrs, parallel=pool, activation="Relu").run(x, w, b)
+    single = ConvKernel(attrs, activation="Relu").run(x, w, b)
+    np.testing.assert_allclose(split, single, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("activation", "params", "reference"),
+    [
+        ("Relu", [], lambda y: np.maximum(y, 0)),
+        ("Clip", [0.0, 0.5], lambda y: np.clip(y, 0, 0.5)),
+        ("LeakyRelu", [0.1], lambda y: np.where(y < 0, 0.1 * y, y)),
+        ("Sigmoid", [], lambda y: 1 / (1 + np.exp(-y))),
+        ("Tanh", [], np.tanh),
+    ],
+)
+def test_fused_conv_applies_residual_and_activation(activation, params, reference):
+    from nxrt_ep_cpu.ops.conv import conv, fused_conv
+
+    x, w, b = rand(1, 3, 7, 7, seed=1), rand(4, 3, 3, 3, seed=2), rand(4, seed=3)
+    z = rand(1, 4, 7, 7, seed=4)
+    got = fused_conv(x, w, b, z, activation=activation, activation_params=params, pads=[1] * 4)
+    want = reference(conv(x, w, b, pads=[1] * 4) + z)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_mat_mul_and_exact_gelu():
+    import math
+
+    from nxrt_ep_cpu.ops.elementwise import gelu_inplace
+    from nxrt_ep_cpu.ops.nn import fused_mat_mul
+
+    a, b, bias = rand(2, 5, 8, seed=1, low=-3, high=3), rand(8, 300, seed=2), rand(300, seed=3)
+    pre = a @ b + bias
+    erf = np.vectorize(math.erf)
+    want = pre * 0.5 * (1 + erf(pre.astype(np.float64) / math.sqrt(2)))
+    got = fused_mat_mul(a, b, bias, activation="Gelu")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    wide = pre.astype(np.float64)
+    gelu_inplace(wide)  # float64 takes the accurate erf
+    np.testing.assert_allclose(wide, want, rtol=1e-12, atol=1e-12)
+
+
+def test_relu_uses_shared_read_only_zeros():
+    from nxrt_ep_cpu.ops.elementwise import relu, zeros
+
+    x = rand(3, 5, seed=1)
+    np.testing.assert_array_equal(relu(x), np.maximum(x, 0))
+    assert not zeros((2, 3), np.float32).flags.writeable
+    assert relu(np.array([-1, 2], np.int32)).tolist() == [0, 2]
+
+
 # --- pooling -------------------------------------------------------------------------------
 
 POOL_CASES = {

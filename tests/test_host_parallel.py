@@ -125,3 +125,27 @@ def test_close_stops_the_pool() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         pool.map(abs, [-1, -2])
     pool.close()
+
+
+def test_run_limits_settle_on_the_faster_blas_thread_count() -> None:
+    from nxrt.host_parallel import _CapChooser
+
+    chooser = _CapChooser(2, explore=4)
+    seen = []
+    for _ in range(12):
+        count = chooser.choose()
+        seen.append(count)
+        chooser.record(count, 0.010 if count == 1 else 0.030)  # one thread is faster here
+    assert seen[:4] == [2, 2, 1, 1]  # each count measured twice first
+    assert seen[4:] == [1, 1, 1, 2, 1, 1, 1, 2]  # then the faster, retrying the other
+
+
+@needs_blas
+def test_run_limits_yield_one_of_the_two_counts() -> None:
+    with HostParallel(2) as pool:
+        counts = set()
+        for _ in range(6):
+            with pool.run_limits() as limit:
+                counts.add(limit)
+                assert max(blas_threads()) <= limit
+        assert counts == {1, 2}

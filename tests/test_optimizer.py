@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -60,7 +62,8 @@ def test_conv_batchnorm_fusion_matches_onnxruntime(with_bias, second_user):
         assert "BatchNormalization" in ops and session.get_partition().fused == []
     else:
         assert "BatchNormalization" not in ops
-        assert session.get_partition().fused == [("bn", "conv")]
+        # the BatchNormalization folds into the Conv, then the Relu into a FusedConv
+        assert session.get_partition().fused == [("bn", "conv"), ("relu", "conv")]
 
 
 def test_fusion_is_off_when_optimizations_are_disabled():
@@ -101,3 +104,148 @@ def test_constant_chains_fold_but_random_ops_do_not():
     np.testing.assert_allclose(
         session.run(None, {"x": np.arange(3, dtype=np.float32)})[0], [4, 5, 6]
     )
+
+
+# -- fusions into com.nxrt ops and standard ops ---------------------------------------------------
+
+
+def _model(nodes, inputs, outputs, initializers, opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _compare(model, feeds, providers=("cpu",)):
+    session = nxrt.InferenceSession(model, providers=list(providers))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for got, expected in zip(session.run(None, feeds), want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    return session, [(step.op_type, step.kernel) for step in session._plan.steps]
+
+
+def _value(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def residual_block(activation: str = "Relu"):
+    """Conv -> BN -> Mul -> Add (per-channel, Caffe2 style) -> Add(residual) -> activation."""
+    w = RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    stats = [RNG.uniform(0.5, 2, 4), RNG.standard_normal(4), RNG.standard_normal(4)]
+    stats.append(RNG.uniform(0.5, 2, 4))
+    inits = [numpy_helper.from_array(w, "w")]
+    inits += [numpy_helper.from_array(a.astype(np.float32), n) for a, n in zip(stats, "sbmv")]
+    inits.append(numpy_helper.from_array(RNG.uniform(0.5, 2, (4, 1, 1)).astype(np.float32), "k"))
+    inits.append(numpy_helper.from_array(RNG.standard_normal((4, 1, 1)).astype(np.float32), "c"))
+    inits += [
+        numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((0, "lo"), (6, "hi"))
+    ]
+    act = [helper.make_node(activation, ["sum"], ["y"], name="act")]
+    if activation == "Clip":
+        act = [helper.make_node("Clip", ["sum", "lo", "hi"], ["y"], name="act")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c0"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c0", "s", "b", "m", "v"], ["c1"], name="bn"),
+        helper.make_node("Mul", ["c1", "k"], ["c2"], name="scale"),
+        helper.make_node("Add", ["c2", "c"], ["c3"], name="shift"),
+        helper.make_node("Add", ["c3", "x"], ["sum"], name="residual"),
+        *act,
+    ]
+    return _model(nodes, [_value("x", [1, 4, 6, 6])], [_value("y", [1, 4, 6, 6])], inits)
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Clip", "LeakyRelu", "Sigmoid"])
+def test_conv_block_becomes_one_fused_conv(activation):
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    session, steps = _compare(residual_block(activation), {"x": x})
+    assert [op for op, _ in steps] == ["FusedConv"]
+    fused = session.get_partition().fused
+    assert fused == [
+        ("bn", "conv"),
+        ("scale", "conv"),
+        ("shift", "conv"),
+        ("residual", "conv"),
+        ("act", "conv"),
+    ]
+
+
+def test_fused_ops_are_made_only_for_an_ep_that_has_them():
+    from nxrt.optimizer import optimize
+
+    model = ir.from_proto(onnx.shape_inference.infer_shapes(residual_block()))
+    folded, fused = optimize(model, lambda node: None, supports=None)
+    ops = [node.op_type for node in model.graph]
+    assert ops == ["Conv", "Add", "Relu"]  # BN, Mul and Add folded into the weights only
+    assert all(node.domain in ("", "ai.onnx") for node in model.graph)
+
+
+def test_affine_chain_after_batch_normalization_folds_into_it():
+    stats = [RNG.uniform(0.5, 2, 3), RNG.standard_normal(3), RNG.standard_normal(3)]
+    stats.append(RNG.uniform(0.5, 2, 3))
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for a, n in zip(stats, "sbmv")]
+    inits.append(numpy_helper.from_array(np.float32([2.0, -1.0, 0.5]).reshape(3, 1), "k"))
+    inits.append(numpy_helper.from_array(np.float32(0.25), "c"))
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"], name="bn"),
+        helper.make_node("Mul", ["k", "n"], ["n1"], name="scale"),
+        helper.make_node("Sub", ["n1", "c"], ["y"], name="shift"),
+    ]
+    model = _model(nodes, [_value("x", [2, 3, 4])], [_value("y", [2, 3, 4])], inits)
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    session, steps = _compare(model, {"x": x})
+    assert [op for op, _ in steps] == ["BatchNormalization"]
+    assert session.get_partition().fused == [("scale", "bn"), ("shift", "bn")]
+
+
+def test_matmul_add_becomes_gemm_in_2d_and_fused_matmul_with_gelu_in_3d():
+    w1 = (RNG.standard_normal((8, 16)) * 0.5).astype(np.float32)
+    w2 = (RNG.standard_normal((16, 8)) * 0.5).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(w1, "w1"),
+        numpy_helper.from_array(RNG.standard_normal(16).astype(np.float32), "b1"),
+        numpy_helper.from_array(w2, "w2"),
+        numpy_helper.from_array(RNG.standard_normal((1, 8)).astype(np.float32), "b2"),
+        numpy_helper.from_array(np.float32(np.sqrt(2)), "sqrt2"),
+        numpy_helper.from_array(np.float32(1), "one"),
+        numpy_helper.from_array(np.float32(0.5), "half"),
+    ]
+    nodes = [  # BERT's feed-forward block as torch exports it
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="up"),
+        helper.make_node("Add", ["h0", "b1"], ["h"], name="up_bias"),
+        helper.make_node("Div", ["h", "sqrt2"], ["d"], name="div"),
+        helper.make_node("Erf", ["d"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["e1"], name="plus"),
+        helper.make_node("Mul", ["h", "e1"], ["g0"], name="times"),
+        helper.make_node("Mul", ["g0", "half"], ["g"], name="half"),
+        helper.make_node("MatMul", ["g", "w2"], ["o0"], name="down"),
+        helper.make_node("Add", ["o0", "b2"], ["y"], name="down_bias"),
+    ]
+    x3 = RNG.standard_normal((2, 3, 8)).astype(np.float32)
+    model = _model(nodes, [_value("x", [2, 3, 8])], [_value("y", [2, 3, 8])], inits)
+    session, steps = _compare(model, {"x": x3})
+    assert [op for op, _ in steps] == ["FusedMatMul", "FusedMatMul"]
+    assert steps[0][1].attrs["activation"] == "Gelu"
+    model2d = _model(nodes, [_value("x", [3, 8])], [_value("y", [3, 8])], inits)
+    _, steps = _compare(model2d, {"x": x3[0]})
+    assert [op for op, _ in steps] == ["Gemm", "Div", "Erf", "Add", "Mul", "Mul", "Gemm"]
+
+
+def test_fusion_keeps_graph_output_names_and_second_users():
+    w = RNG.standard_normal((3, 2, 1, 1)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        helper.make_node("Conv", ["y", "w2"], ["c2"], name="conv2"),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Neg", ["c2"], ["n2"], name="neg"),
+    ]
+    w2 = RNG.standard_normal((2, 3, 1, 1)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")]
+    model = _model(
+        nodes,
+        [_value("x", [1, 2, 4, 4])],
+        [_value("y", None), _value("r2", None), _value("n2", None)],
+        inits,
+    )
+    x = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    session, steps = _compare(model, {"x": x})
+    assert [op for op, _ in steps] == ["FusedConv", "Conv", "Relu", "Neg"]
+    assert [o.name for o in session.get_outputs()] == ["y", "r2", "n2"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -32,7 +33,7 @@ def test_cpu_plugin_installed_with_pip_is_discovered_and_runs(python, tmp_path):
     assert cpu["ops"] > 20
 
     out = run([str(python), "-m", "nxrt.cli", "run"]).stdout
-    assert "cpu         9" in out and "accuracy: 9" in out
+    assert re.search(r"^cpu +\d+$", out, re.M) and "accuracy: 98.22%" in out
     where = run([str(python), "-c", "import nxrt_ep_cpu; print(nxrt_ep_cpu.__file__)"]).stdout
     assert str(python.parent.parent) in where  # installed into the new environment, not linked
     assert sys.prefix not in where

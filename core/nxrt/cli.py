@@ -199,6 +199,28 @@ def _finish_profile(session: Any) -> None:
     path = session.end_profiling()
     if path:
         print(f"profile: {os.path.abspath(path)} (open in chrome://tracing or Perfetto)")
+        _print_top_ops(path)
+
+
+def _print_top_ops(path: str, limit: int = 10) -> None:
+    """The operators (and kernel variants) that took the most time in the trace."""
+    with open(path, encoding="utf-8") as f:
+        events = json.load(f).get("traceEvents", [])
+    totals: dict[tuple[str, str], list[float]] = {}
+    for event in events:
+        args = event.get("args", {})
+        key = (args.get("op_type", event.get("name", "?")), args.get("kernel_variant", ""))
+        entry = totals.setdefault(key, [0.0, 0])
+        entry[0] += event.get("dur", 0.0) / 1000.0
+        entry[1] += 1
+    overall = sum(ms for ms, _ in totals.values()) or 1.0
+    rows = sorted(totals.items(), key=lambda item: -item[1][0])[:limit]
+    table = [
+        (op, variant or "-", f"{ms:.2f}", f"{100 * ms / overall:.1f}%", str(calls))
+        for (op, variant), (ms, calls) in rows
+    ]
+    print(f"top {len(table)} operators by kernel time (all runs):")
+    print(_table(table, ("op", "variant", "ms", "share", "calls")))
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

@@ -139,16 +139,101 @@ def _infer_moe(ctx: Any) -> None:
     ctx.set_output_type(0, out)
 
 
+#: The domain of the optimizer's fused ops (made at session creation, never by exporters).
+FUSED_DOMAIN = "com.nxrt"
+FUSED_SINCE = 1
+_FLOATS = ["tensor(float)", "tensor(double)", "tensor(float16)"]
+
+
+def _fused_schemas() -> list[onnx.defs.OpSchema]:
+    """``com.nxrt::FusedConv`` and ``com.nxrt::FusedMatMul`` (see nxrt.optimizer)."""
+    schema = onnx.defs.OpSchema
+    param = schema.FormalParameter
+    optional = schema.FormalParameterOption.Optional
+    attr_type = schema.AttrType
+
+    def attr(name: str, kind: Any, doc: str, default: Any = None) -> Any:
+        if default is None:
+            return schema.Attribute(name, kind, doc, required=False)
+        return schema.Attribute(name, helper.make_attribute(name, default), doc)
+
+    activation = [
+        attr("activation", attr_type.STRING, "Relu, Clip, LeakyRelu, Sigmoid, Tanh or ''.", ""),
+        attr("activation_params", attr_type.FLOATS, "Clip: min, max; LeakyRelu: alpha."),
+    ]
+    conv = schema(
+        "FusedConv",
+        FUSED_DOMAIN,
+        FUSED_SINCE,
+        "activation(Conv(X, W, B) + Z): a Conv with the residual Add and the activation "
+        "after it fused in.",
+        inputs=[
+            param("X", "T", "Input, as Conv's."),
+            param("W", "T", "Weights, as Conv's."),
+            param("B", "T", "Bias per output channel.", param_option=optional),
+            param("Z", "T", "Added to the Conv result (same shape).", param_option=optional),
+        ],
+        outputs=[param("Y", "T", "Output, as Conv's.")],
+        type_constraints=[("T", _FLOATS, "Floating-point tensors.")],
+        attributes=[
+            *activation,
+            attr("auto_pad", attr_type.STRING, "As Conv's.", "NOTSET"),
+            attr("dilations", attr_type.INTS, "As Conv's."),
+            attr("group", attr_type.INT, "As Conv's.", 1),
+            attr("kernel_shape", attr_type.INTS, "As Conv's."),
+            attr("pads", attr_type.INTS, "As Conv's."),
+            attr("strides", attr_type.INTS, "As Conv's."),
+        ],
+    )
+    matmul = schema(
+        "FusedMatMul",
+        FUSED_DOMAIN,
+        FUSED_SINCE,
+        "activation(MatMul(A, B) + bias), bias along the last axis: a MatMul with the "
+        "bias Add (and activation) after it fused in.",
+        inputs=[
+            param("A", "T", "Left operand, as MatMul's."),
+            param("B", "T", "Right operand, 2-D weights."),
+            param("bias", "T", "Bias of length N.", param_option=optional),
+        ],
+        outputs=[param("Y", "T", "Output, as MatMul's.")],
+        type_constraints=[("T", _FLOATS, "Floating-point tensors.")],
+        attributes=activation,
+    )
+    return [conv, matmul]
+
+
+def _infer_same_type(ctx: Any) -> None:
+    """The output has the first input's element type (its shape is left to the runtime)."""
+    x_type = ctx.get_input_type(0)
+    if x_type is None or not x_type.HasField("tensor_type"):
+        return
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = x_type.tensor_type.elem_type
+    ctx.set_output_type(0, out)
+
+
 def register() -> None:
     """Register every nxrt operator schema with onnx (once per process)."""
     with _lock:
-        if onnx.defs.has(MOE_OP_TYPE, MOE_SINCE, DOMAIN):
-            return
-        schema = _moe_schema()
-        schema.set_type_and_shape_inference_function(_infer_moe)
-        onnx.defs.register_schema(schema)
+        if not onnx.defs.has(MOE_OP_TYPE, MOE_SINCE, DOMAIN):
+            schema = _moe_schema()
+            schema.set_type_and_shape_inference_function(_infer_moe)
+            onnx.defs.register_schema(schema)
+        for fused in _fused_schemas():
+            if not onnx.defs.has(fused.name, FUSED_SINCE, FUSED_DOMAIN):
+                fused.set_type_and_shape_inference_function(_infer_same_type)
+                onnx.defs.register_schema(fused)
 
 
 register()
 
-__all__ = ["ACTIVATIONS", "DOMAIN", "MOE_OP_TYPE", "MOE_SINCE", "register"]
+__all__ = [
+    "ACTIVATIONS",
+    "DOMAIN",
+    "FUSED_DOMAIN",
+    "FUSED_SINCE",
+    "MOE_OP_TYPE",
+    "MOE_SINCE",
+    "register",
+]

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import collections
 import os
+import statistics
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -83,6 +85,39 @@ class _BlasGovernor:
 _governor = _BlasGovernor()
 
 
+class _CapChooser:
+    """Picks, per run, the BLAS thread count (``threads`` or 1) that has been faster.
+
+    Keeps the last few run times of each count; each count is tried twice
+    first, then the faster one is used, and every ``explore``-th run tries the
+    other again so that a change in the machine's load is noticed.
+    """
+
+    def __init__(self, threads: int, keep: int = 5, explore: int = 16) -> None:
+        self.counts = (max(1, threads), 1)
+        self.times: dict[int, collections.deque[float]] = {
+            count: collections.deque(maxlen=keep) for count in self.counts
+        }
+        self.explore = explore
+        self.runs = 0
+        self._lock = threading.Lock()
+
+    def choose(self) -> int:
+        with self._lock:
+            self.runs += 1
+            for count in self.counts:
+                if len(self.times[count]) < 2:
+                    return count
+            best = min(self.counts, key=lambda count: statistics.median(self.times[count]))
+            if self.runs % self.explore == 0:
+                return self.counts[1] if best == self.counts[0] else self.counts[0]
+            return best
+
+    def record(self, count: int, seconds: float) -> None:
+        with self._lock:
+            self.times[count].append(seconds)
+
+
 def _in_worker() -> bool:
     return getattr(_worker, "active", False)
 
@@ -108,6 +143,7 @@ class HostParallel:
         self._lock = threading.Lock()
         self._busy = 0
         self._closed = False
+        self._chooser = _CapChooser(threads)
 
     @property
     def threads(self) -> int:
@@ -185,6 +221,27 @@ class HostParallel:
         limit = 1 if self._busy or _in_worker() else self._threads
         with _governor.cap(limit):
             yield limit
+
+    @contextmanager
+    def run_limits(self) -> Iterator[int]:
+        """:meth:`blas_limits` for one session run, with the BLAS thread count chosen
+        from measured run times; yields the cap.
+
+        BLAS's own threads spin while they wait, which pays on idle cores
+        (OpenBLAS: 1.8x on two cores) but collapses when another process
+        holds one of them (measured here: ResNet-50 2-5x slower than on one
+        thread). So runs use ``threads`` or 1, whichever the last few runs
+        of each did faster, and every 16th run tries the other count again.
+        """
+        if self._threads == 1 or self._busy or _in_worker():
+            with self.blas_limits() as limit:
+                yield limit
+            return
+        limit = self._chooser.choose()
+        start = time.perf_counter()
+        with _governor.cap(limit):
+            yield limit
+        self._chooser.record(limit, time.perf_counter() - start)
 
     def close(self) -> None:
         """Stop the pool's threads, waiting for running work."""

@@ -175,7 +175,7 @@ class InferenceSession:
         folded: list[tuple[str, str]] = []
         fused: list[tuple[str, str]] = []
         if self._options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_BASIC:
-            folded, fused = optimize(self._model, self._evaluate_constant)
+            folded, fused = optimize(self._model, self._evaluate_constant, self._first_ep_runs)
         placement = partition(self._model, self._eps, self._host, preplaced=self._load_contexts())
         self._check_compile_allowed(placement.report)
         self._report = placement.report
@@ -224,13 +224,17 @@ class InferenceSession:
         for descriptor, options in chosen:
             try:
                 eps.append((self._instantiate(descriptor, options), descriptor.plugin))
-            except NxrtError:
-                raise
             except Exception as exc:  # noqa: BLE001 - the plugin's own failure, shown whole
-                failure = EpLoadFailed(descriptor.plugin, f"creating EP {descriptor.id!r}: {exc!r}")
+                failure = (
+                    exc
+                    if isinstance(exc, NxrtError)
+                    else EpLoadFailed(descriptor.plugin, f"creating EP {descriptor.id!r}: {exc!r}")
+                )
                 if explicit:
+                    if failure is exc:
+                        raise
                     raise failure from exc
-                self._host.failures.append(failure)
+                self._host.failures.append(failure)  # not asked for by name: skip it, say why
         if not eps:
             raise InvalidArgument("no execution provider is available; install nxrt-ep-cpu")
         return eps
@@ -432,6 +436,11 @@ class InferenceSession:
             plan, [v.name for v in graph.inputs], [v.name for v in graph.outputs], outer
         )
 
+    def _first_ep_runs(self, domain: str, op_type: str) -> bool:
+        """Whether the highest-priority EP has a kernel for a fused op (optimizer fusions)."""
+        ops = self._eps[0][0].ops
+        return ops is not None and ops.lookup(domain, op_type, 1) is not None
+
     def _evaluate_constant(self, node: ir.Node) -> list[Any] | None:
         """Compute a node with constant inputs on the first host EP that runs it (folding)."""
         if node.op_type in NONDETERMINISTIC_OPS or subgraphs_of(node):
@@ -503,7 +512,7 @@ class InferenceSession:
         """Compute ``output_names`` (all when ``None``) from ``input_feed``."""
         wanted = self._check_output_names(output_names)
         feeds = self._check_feeds(input_feed)
-        with self._parallel.blas_limits():
+        with self._parallel.run_limits():
             return self._plan.execute(feeds, wanted, self._profiler)
 
     def _check_output_names(self, output_names: Sequence[str] | None) -> list[str]:

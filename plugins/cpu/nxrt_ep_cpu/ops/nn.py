@@ -8,6 +8,7 @@ import numpy as np
 
 from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
+from nxrt_ep_cpu.ops.elementwise import inplace_activation
 
 _EPSILON = float(np.float32(1e-5))  # the schema default, a float32 value
 _MOMENTUM = float(np.float32(0.9))
@@ -231,6 +232,27 @@ def mat_mul(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
     numpy returns float32 for bfloat16 operands; the result is cast back.
     """
     return np.asarray(np.matmul(a, b)).astype(a.dtype, copy=False)
+
+
+@op("FusedMatMul", since=1, domain="com.nxrt")
+def fused_mat_mul(
+    a: np.ndarray,
+    b: np.ndarray,
+    bias: np.ndarray | None = None,
+    /,
+    *,
+    activation: str = "",
+    activation_params: list[float] | None = None,
+) -> np.ndarray:
+    """``activation(a @ b + bias)``, bias along the last axis: a MatMul by constant weights
+    with the Add (and activation) after it fused in by the optimizer, applied in place."""
+    y = np.asarray(np.matmul(a, b)).astype(a.dtype, copy=False)
+    if bias is not None:
+        np.add(y, bias, out=y, casting="unsafe")
+    act = inplace_activation(activation, activation_params or ())
+    if act is not None:
+        act(y)
+    return y
 
 
 @op("Flatten", since=(1, 9, 11, 13, 21, 23, 24, 25), view_output=0)

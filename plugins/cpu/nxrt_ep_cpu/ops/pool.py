@@ -1,4 +1,11 @@
-"""Max and average pooling, reduced one kernel tap at a time over padded strided views."""
+"""Max and average pooling, reduced one axis at a time over padded strided views.
+
+A window's max (or sum) is the max over its rows of the max over its
+columns, so a ``k x k`` window takes ``2 (k - 1)`` whole-array passes
+instead of ``k * k - 1``, and the second axis runs on the already reduced,
+smaller array. Indices (MaxPool's second output) are computed only when the
+node has that output.
+"""
 
 from __future__ import annotations
 
@@ -35,9 +42,12 @@ def max_pool_8(
     pads: list[int] | None = None,
     storage_order: int = 0,
     strides: list[int] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    _n_outputs: int = 2,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """MaxPool with its optional Indices output (opset 8 adds it and ``storage_order``)."""
     win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
+    if _n_outputs < 2:  # nobody reads Indices: skip computing them
+        return _max(x, win)
     return _max_with_indices(x, win, storage_order)
 
 
@@ -53,7 +63,8 @@ def max_pool(
     pads: list[int] | None = None,
     storage_order: int = 0,
     strides: list[int] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    _n_outputs: int = 2,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """MaxPool with ``ceil_mode`` and ``dilations`` (opset 10 on)."""
     win = windows(
         x.shape[2:],
@@ -64,6 +75,8 @@ def max_pool(
         auto_pad=auto_pad,
         ceil_mode=ceil_mode,
     )
+    if _n_outputs < 2:  # nobody reads Indices: skip computing them
+        return _max(x, win)
     return _max_with_indices(x, win, storage_order)
 
 
@@ -161,17 +174,110 @@ def global_max_pool(x: np.ndarray, /) -> np.ndarray:
 
 
 def _max(x: np.ndarray, win: Windows) -> np.ndarray:
-    return _max_padded(pad_for(x, win, lowest(x.dtype)), win)
+    return _reduce_windows(x, win, np.maximum, lowest(x.dtype))
 
 
 def _max_padded(xp: np.ndarray, win: Windows) -> np.ndarray:
     """Max over the windows of an input already padded with the lowest value."""
-    taps = tap_views(xp, win)
-    _, first = next(taps)
-    y = first.copy()
-    for _, view in taps:
-        np.maximum(y, view, out=y)
+    unpadded = Windows(
+        win.kernel,
+        win.strides,
+        win.dilations,
+        (0,) * len(win.kernel),
+        (0,) * len(win.kernel),
+        win.out,
+    )
+    return _reduce_windows(xp, unpadded, np.maximum, lowest(xp.dtype))
+
+
+def _reduce_windows(
+    x: np.ndarray, win: Windows, ufunc: np.ufunc, identity: float | int
+) -> np.ndarray:
+    """``ufunc``-reduce every window of ``x``, one spatial axis after the other.
+
+    Padding is never materialised: each kernel tap updates only the outputs
+    whose input lies inside ``x`` (padding counts as ``identity``). A tap
+    that is inside for every output starts the result as a copy; otherwise
+    it starts at ``identity``. Always returns a new array.
+    """
+    lead = x.ndim - len(win.kernel)
+    if _whole(x.shape[lead:], win):  # one window covering everything: a plain reduction
+        flat = x.reshape(x.shape[:lead] + (-1,))
+        return ufunc.reduce(flat, axis=-1).reshape(x.shape[:lead] + (1,) * len(win.kernel))
+    y = x
+    for axis, (k, s, d, n, p) in enumerate(
+        zip(win.kernel, win.strides, win.dilations, win.out, win.begin, strict=True)
+    ):
+        before = (slice(None),) * (lead + axis)
+        size = y.shape[lead + axis]
+        spans = []  # per tap: the outputs [lo, hi) it reaches, and its input offset
+        for t in range(k):
+            offset = t * d - p
+            lo = max(0, -(offset // s))  # first output whose input index is >= 0
+            hi = min(n, (size - 1 - offset) // s + 1) if size - 1 - offset >= 0 else 0
+            spans.append((lo, hi, offset))
+        full = next((t for t, (lo, hi, _) in enumerate(spans) if (lo, hi) == (0, n)), None)
+        if lead + axis == y.ndim - 1 and s == 1 and full is not None and y.flags.c_contiguous:
+            y = _reduce_last_axis(y, spans, full, n, ufunc)
+            continue
+        if full is not None:
+            offset = spans[full][2]
+            acc = y[before + (slice(offset, offset + s * (n - 1) + 1, s),)].copy()
+        else:
+            shape = list(y.shape)
+            shape[lead + axis] = n
+            acc = np.full(shape, identity, dtype=y.dtype)
+        for t, (lo, hi, offset) in enumerate(spans):
+            if t == full or lo >= hi:
+                continue
+            source = slice(lo * s + offset, (hi - 1) * s + offset + 1, s)
+            target = acc[before + (slice(lo, hi),)]
+            ufunc(target, y[before + (source,)], out=target)
+        y = acc
     return y
+
+
+def _reduce_last_axis(
+    y: np.ndarray, spans: list[tuple[int, int, int]], full: int, n: int, ufunc: np.ufunc
+) -> np.ndarray:
+    """The stride-1 last-axis pass on whole rows at once: each tap is a shift of the
+    flattened array (one long, fast ufunc call instead of one short call per row), then
+    the few edge columns, where a shift crosses into the neighbouring row, are redone."""
+    size = y.shape[-1]
+    offset = spans[full][2]
+    acc = y[..., offset : offset + n].copy()  # a new array: y is read below
+    flat_acc, flat_y = acc.reshape(-1), y.reshape(-1)
+    edges: set[int] = set()
+    for t, (lo, hi, shift) in enumerate(spans):
+        if t == full or lo >= hi:
+            continue
+        if n == size:  # rows line up: one shifted call covers every row
+            count = flat_acc.size - abs(shift)
+            target = flat_acc[max(0, -shift) : max(0, -shift) + count]
+            ufunc(target, flat_y[max(0, shift) : max(0, shift) + count], out=target)
+            edges.update(range(0, lo))
+            edges.update(range(hi, n))
+        else:
+            target = acc[..., lo:hi]
+            ufunc(target, y[..., lo + shift : hi + shift], out=target)
+    for column in sorted(edges):  # redo the columns the row-crossing shifts spoiled
+        value = y[..., column + spans[full][2]].copy()
+        for t, (lo, hi, shift) in enumerate(spans):
+            if t != full and lo <= column < hi:
+                ufunc(value, y[..., column + shift], out=value)
+        acc[..., column] = value
+    return acc
+
+
+def _whole(spatial: tuple[int, ...], win: Windows) -> bool:
+    """Whether the only window is the whole, unpadded input (a global pool in disguise)."""
+    return (
+        win.out == (1,) * len(spatial)
+        and win.kernel == tuple(spatial)
+        and not any(win.begin)
+        and not any(win.end)
+        and all(d == 1 for d in win.dilations)
+    )
 
 
 def _max_with_indices(
@@ -223,11 +329,7 @@ def _average(x: np.ndarray, win: Windows, count_include_pad: int) -> np.ndarray:
     The count is separable: per axis, how many of a window's taps land inside
     the input (or inside the declared padding when ``count_include_pad``).
     """
-    taps = tap_views(pad_for(x, win, 0), win)
-    _, first = next(taps)
-    total = first.copy()
-    for _, view in taps:
-        total += view
+    total = _reduce_windows(x, win, np.add, 0)
     divisor = np.ones((), dtype=np.int64)
     for i, size in enumerate(x.shape[2:]):
         b, e = win.begin[i], win.end[i]
