@@ -51,11 +51,12 @@ def context_nodes(path):
     return [n for n in onnx.load(str(path)).graph.node if n.op_type == "EPContext"]
 
 
-def test_compile_for_mlx_then_load_in_a_fresh_process(squeezenet, tmp_path):
+@pytest.mark.parametrize("ep", ["mlx", "legacy_abi"])
+def test_compile_then_load_in_a_fresh_process(squeezenet, tmp_path, ep):
     before, mtime = squeezenet.read_bytes(), squeezenet.stat().st_mtime_ns
     out = tmp_path / "compiled.onnx"
-    report = compile_model(squeezenet, out, ["mlx", "cpu"])
-    assert [(ep, nodes) for _, ep, nodes in report.saved] == [("mlx", 105)]
+    report = compile_model(squeezenet, out, [ep, "cpu"])
+    assert [(saved_ep, nodes) for _, saved_ep, nodes in report.saved] == [(ep, 105)]
     assert squeezenet.read_bytes() == before and squeezenet.stat().st_mtime_ns == mtime
     assert sorted(os.listdir(tmp_path)) == ["compiled.onnx", "squeezenet.onnx"]  # no leftovers
 
@@ -63,14 +64,14 @@ def test_compile_for_mlx_then_load_in_a_fresh_process(squeezenet, tmp_path):
     (node,) = context_nodes(out)
     assert node.domain == "com.microsoft" and {a.name for a in node.attribute} == ATTRIBUTES
     metadata = {p.key: p.value for p in model.metadata_props}
-    assert "ep_compatibility_info.mlx" in metadata
+    assert f"ep_compatibility_info.{ep}" in metadata
 
     code = f"""
 import json, sys, numpy as np, nxrt
 from nxrt.testing import dummy_feeds
 options = nxrt.SessionOptions()
 options.add_session_config_entry("{DISABLE_MODEL_COMPILE}", "1")
-session = nxrt.InferenceSession({str(out)!r}, options, providers=["mlx", "cpu"])
+session = nxrt.InferenceSession({str(out)!r}, options, providers=[{ep!r}, "cpu"])
 (y,) = session.run(None, dummy_feeds(session))
 np.save(sys.argv[1], y)
 print(json.dumps([p.ep for p in session.get_partition().nodes]))
@@ -80,8 +81,8 @@ print(json.dumps([p.ep for p in session.get_partition().nodes]))
         [sys.executable, "-c", code, str(result_path)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["mlx"]
-    reference = nxrt.InferenceSession(str(squeezenet), providers=["mlx", "cpu"])
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [ep]
+    reference = nxrt.InferenceSession(str(squeezenet), providers=["cpu"])
     (want,) = reference.run(None, dummy_feeds(reference))
     np.testing.assert_allclose(np.load(result_path), want, rtol=1e-5, atol=1e-6)
 
