@@ -428,10 +428,12 @@ def test_conv_weights_as_inputs():
 CONV_VARIANTS = {
     "pointwise": dict(x=(2, 8, 6, 7), w=(5, 8, 1, 1), strides=[2, 1]),
     "taps": dict(x=(1, 48, 10, 24), w=(16, 48, 3, 3), pads=[1, 1, 1, 1]),
-    "columns": dict(x=(1, 4, 6, 30), w=(6, 4, 3, 3), pads=[1, 1, 1, 1], dilations=[2, 1]),
-    "grouped columns": dict(x=(1, 8, 10, 24), w=(8, 2, 3, 3), group=4, pads=[1, 1, 1, 1]),
-    "strided columns": dict(x=(1, 3, 20, 40), w=(4, 3, 5, 5), strides=[2, 2], pads=[2] * 4),
+    "grouped taps": dict(x=(1, 96, 10, 24), w=(8, 48, 3, 3), group=2, pads=[1, 1, 1, 1]),
+    "strided taps": dict(x=(1, 48, 20, 40), w=(4, 48, 5, 5), strides=[2, 2], pads=[2] * 4),
     "im2col": dict(x=(2, 4, 6, 6), w=(6, 4, 3, 3), pads=[1, 0, 1, 2], strides=[1, 2]),
+    "dilated im2col": dict(x=(1, 4, 6, 30), w=(6, 4, 3, 3), pads=[1] * 4, dilations=[2, 1]),
+    "grouped im2col": dict(x=(1, 8, 10, 24), w=(8, 2, 3, 3), group=4, pads=[1, 1, 1, 1]),
+    "strided im2col": dict(x=(1, 3, 20, 40), w=(4, 3, 5, 5), strides=[2, 2], pads=[2] * 4),
     "depthwise": dict(x=(1, 6, 9, 9), w=(6, 1, 3, 3), group=6, strides=[2, 2], pads=[1] * 4),
     "generic": dict(x=(1, 2, 5, 6, 7), w=(3, 2, 3, 3, 3), pads=[1, 0, 1, 1, 1, 0]),
 }

@@ -395,16 +395,16 @@ class ScratchPool:
     def __init__(self) -> None:
         self._free: dict[tuple[Any, ...], list[np.ndarray]] = {}
 
-    def take(self, key: tuple[Any, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def take(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         free = self._free.get(key)
         if free:
             try:
                 return free.pop()
             except IndexError:
                 pass  # another thread took the last one
-        return np.zeros(shape, dtype)
+        return make()
 
-    def give(self, key: tuple[Any, ...], buffer: np.ndarray) -> None:
+    def give(self, key: tuple[Any, ...], buffer: Any) -> None:
         self._free.setdefault(key, []).append(buffer)
 
 
@@ -601,12 +601,12 @@ class _GemmPlan:
         else:
             layout = self.layout
             key = (layout, self.dtype)
-            buf = self.scratch.take(key, layout.buffer_shape, self.dtype)
+            buf, targets = held = self.scratch.take(key, lambda: layout.buffer(self.dtype))
             try:
-                layout.fill(buf, x)
+                layout.fill(targets, x)
                 self._each(getattr(self, "_" + self.variant)(buf, wp, out, b, z, act))
             finally:
-                self.scratch.give(key, buf)
+                self.scratch.give(key, held)
         if late_z is not None:
             np.add(out, late_z, out=out)
             if self.act is not None:
@@ -802,25 +802,29 @@ class _Layout:
     def waste(self) -> float:
         return self.wq / self.wo
 
-    @property
-    def buffer_shape(self) -> tuple[int, int, int, int]:
-        n, c = self.shape[:2]
-        return (n, self.strides[0] * self.strides[1], c, self.flat)
-
-    def fill(self, buf: np.ndarray, x: np.ndarray) -> None:
-        """Copy ``x`` into the phases; the zero padding around it is never written."""
+    def buffer(self, dtype: np.dtype) -> tuple[np.ndarray, list[np.ndarray]]:
+        """A zeroed buffer, and the views of it that :meth:`fill` writes (one per phase)."""
         n, c = self.shape[:2]
         sh, sw = self.strides
-        item = buf.itemsize
+        buf = np.zeros((n, sh * sw, c, self.flat), dtype)
         grid = np.lib.stride_tricks.as_strided(
             buf,
             shape=(n, sh * sw, c, self.hq, self.wq),
-            strides=(*buf.strides[:3], self.wq * item, item),
+            strides=(*buf.strides[:3], self.wq * buf.itemsize, buf.itemsize),
         )
-        for phase, u0, v0, r0, c0, nu, nv in self.fills:
+        targets = [
+            grid[:, phase, :, u0 : u0 + nu, v0 : v0 + nv]
+            for phase, u0, v0, _, _, nu, nv in self.fills
+        ]
+        return buf, targets
+
+    def fill(self, targets: list[np.ndarray], x: np.ndarray) -> None:
+        """Copy ``x`` into the phases; the zero padding around it is never written."""
+        sh, sw = self.strides
+        for target, (_, _, _, r0, c0, nu, nv) in zip(targets, self.fills, strict=True):
             rows = slice(r0, r0 + (nu - 1) * sh + 1, sh)
             cols = slice(c0, c0 + (nv - 1) * sw + 1, sw)
-            grid[:, phase, :, u0 : u0 + nu, v0 : v0 + nv] = x[:, :, rows, cols]
+            np.copyto(target, x[:, :, rows, cols])
 
     def block(self, buf: np.ndarray, image: int, tap: int, row: int, size: int) -> np.ndarray:
         """Tap ``tap``'s input for ``size`` flat output positions from output row ``row``."""
