@@ -249,3 +249,22 @@ def test_fusion_keeps_graph_output_names_and_second_users():
     session, steps = _compare(model, {"x": x})
     assert [op for op, _ in steps] == ["FusedConv", "Conv", "Relu", "Neg"]
     assert [o.name for o in session.get_outputs()] == ["y", "r2", "n2"]
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Sigmoid", "Tanh", "LeakyRelu"])
+def test_batched_matmul_add_activation_becomes_one_fused_matmul(activation):
+    inits = [
+        numpy_helper.from_array(RNG.standard_normal((8, 6)).astype(np.float32), "w"),
+        numpy_helper.from_array(RNG.standard_normal(6).astype(np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+        helper.make_node("Add", ["b", "m"], ["s"], name="bias"),
+        helper.make_node(activation, ["s"], ["y"], name="act"),
+    ]
+    model = _model(nodes, [_value("x", [2, 3, 8])], [_value("y", [2, 3, 6])], inits)
+    x = RNG.standard_normal((2, 3, 8)).astype(np.float32)
+    session, steps = _compare(model, {"x": x})
+    assert [op for op, _ in steps] == ["FusedMatMul"]
+    assert steps[0][1].attrs["activation"] == activation
+    assert session.get_partition().fused == [("bias", "mm"), ("act", "mm")]

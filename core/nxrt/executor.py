@@ -167,7 +167,7 @@ class Plan:
             try:
                 for call, inputs, outputs, frees, index in self._fast:  # noqa: B007
                     results = call(*inputs(values))
-                    if type(results) is tuple:
+                    if isinstance(results, tuple):
                         for slot, result in zip(outputs, results):
                             values[slot] = result
                     else:
@@ -197,7 +197,7 @@ class Plan:
             except Exception as exc:  # noqa: BLE001 - translated into an nxrt error
                 raise _failure(step, exc)  # noqa: B904 - cause set there
             profiler.record(step, start, time.perf_counter_ns())
-            if type(results) is not tuple:
+            if not isinstance(results, tuple):
                 results = (results,)
             for slot, result in zip(outputs, results):
                 values[slot] = result

@@ -183,7 +183,7 @@ def _gelu_chain(value: ir.Value, graph: ir.Graph) -> tuple[list[ir.Node], ir.Val
     if len(uses) == 1 and _standard(uses[0], "Gelu"):
         mode = uses[0].attributes.get("approximate")
         return ([uses[0]], uses[0].outputs[0]) if mode is None or mode.value == "none" else None
-    if len(uses) != 2:
+    if len(uses) != 2 or uses[0] is uses[1]:
         return None
     for scale in uses:
         other = _other_input(scale, value) if _standard(scale, "Div", "Mul") else None
@@ -207,7 +207,8 @@ def _gelu_chain(value: ir.Value, graph: ir.Graph) -> tuple[list[ir.Node], ir.Val
     if _other_input(times, value) is plus.outputs[0]:  # x * (1 + erf), then * 0.5
         half = _only_user(times.outputs[0], graph)
         if (
-            half is None
+            _only_user(plus.outputs[0], graph) is not times
+            or half is None
             or not _standard(half, "Mul")
             or not _scalar(_other_input(half, times.outputs[0]), 0.5)
         ):
@@ -474,6 +475,7 @@ class FuseMatMulAdd(ir.passes.InPlacePass):
                     activation = ("Gelu", [])
                     chain.extend(gelu[0])
                     value = gelu[1]
+                if activation is not None:
                     attributes.append(ir.AttrString("activation", activation[0]))
                     if activation[1]:
                         attributes.append(ir.AttrFloat32s("activation_params", activation[1]))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,21 +74,7 @@ class CpuExecutionProvider(ExecutionProvider):
         if factory is not None:
             return factory(self, node)
         attrs = self.kernel_attributes(node, entry)
-        if _takes_parallel(entry.fn):
-            attrs[PARALLEL] = self.parallel
         return CpuKernel(entry.fn, attrs, view_output=entry.view_output)
-
-
-#: The keyword through which a kernel function receives the session's thread pool.
-PARALLEL = "_parallel"
-
-
-@functools.cache
-def _takes_parallel(fn: Any) -> bool:
-    try:
-        return PARALLEL in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 #: Provider option (ONNX Runtime's name): "0" leaves the C allocator's settings alone.

@@ -20,14 +20,17 @@ reason, as ``variant``/``variant_reason`` (the profiler writes both):
   side by side, then a batched ``(1 x taps) @ (taps x pixels)`` matmul;
 * ``generic``: N-D, half precision, integers, cropping pads.
 
-Bias, residual input and activation are applied in one pass each over the
-GEMM result. The GEMMs run on BLAS's own threads (the session caps them at
-its thread count): measured here, OpenBLAS shares packed panels between its
-threads and scales 1.8-1.9x on two cores where splitting a GEMM across the
-session's :class:`~nxrt.host_parallel.HostParallel` pool reached 1.3-1.6x
-(each half packs its operands again, and waking a pool thread costs 50-150
-µs). Depthwise convolutions, whose many tiny GEMMs BLAS runs on one thread,
-are split by output rows across the pool instead.
+The GEMM's output starts as ``bias + residual`` (one pass) and BLAS adds the
+product to it in place; a Relu then costs one more pass, fused with the copy
+out of the padded rows where there is one.
+
+The GEMMs run on BLAS's own threads (the session caps them per run, see
+:meth:`~nxrt.host_parallel.HostParallel.run_limits`): measured here,
+OpenBLAS shares packed panels between its threads and scales 1.8-1.9x on
+two cores, where splitting a GEMM across the session's pool reached
+1.3-1.6x (each half packs its operands again, and waking a pool thread
+costs 50-150 µs). Depthwise convolutions, whose many tiny GEMMs BLAS runs on
+one thread, are split by output rows across the pool instead.
 """
 
 from __future__ import annotations
@@ -256,10 +259,17 @@ def _prefill_rows(acc: np.ndarray, valid: np.ndarray, b, z) -> float:
     return _prefill(valid, b, z)
 
 
+#: Multiply-adds per group from which several groups go to BLAS one call each (~8 µs of
+#: ctypes per call) rather than through numpy's batched matmul and an add.
+_DIRECT_GROUP_MACS = 1 << 21
+
+
 def _gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float) -> None:
     """``c = a @ b + beta * c`` per group (3-D operands), in place through BLAS when it can."""
-    if GEMM is not None and GEMM(a[0], b[0], c[0], beta):
-        for j in range(1, a.shape[0]):
+    groups = a.shape[0]
+    direct = GEMM is not None and (groups == 1 or a[0].size * b.shape[-1] >= _DIRECT_GROUP_MACS)
+    if direct and GEMM(a[0], b[0], c[0], beta):
+        for j in range(1, groups):
             GEMM(a[j], b[j], c[j], beta)
     elif beta:
         c += np.matmul(a, b)
