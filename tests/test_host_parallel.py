@@ -149,3 +149,16 @@ def test_run_limits_yield_one_of_the_two_counts() -> None:
                 counts.add(limit)
                 assert max(blas_threads()) <= limit
         assert counts == {1, 2}
+
+
+@needs_blas
+def test_a_cap_at_the_current_count_calls_no_blas_setter(monkeypatch) -> None:
+    from nxrt.host_parallel import _governor
+
+    calls = []
+    for library in _governor._blas_libraries():
+        current = library.num_threads
+        monkeypatch.setattr(library, "set_num_threads", calls.append)
+        with _governor.cap(current):
+            pass
+    assert calls == [], "OpenBLAS wakes its threads on every set call: skip the no-ops"

@@ -214,6 +214,22 @@ def test_transformer_block_matches_onnxruntime(pm):
     assert_matches_ort(model, session, transformer_feeds(model))
 
 
+def test_a_session_run_wholly_by_ort_leaves_blas_threads_alone(pm, monkeypatch):
+    from nxrt.host_parallel import HostParallel
+
+    model = transformer_block(seq=16, hidden=32, heads=2, ffn=64)
+    feeds = {"x": np.full((1, 16, 32), 0.1, np.float32)}
+    capped = []
+    real = HostParallel.run_limits
+    monkeypatch.setattr(HostParallel, "run_limits", lambda self: capped.append(1) or real(self))
+    session = nxrt.InferenceSession(model, providers=["legacy_abi", "cpu"], plugin_manager=pm)
+    session.run(None, feeds)
+    assert capped == [], "ORT has its own thread pool: no BLAS cap per run"
+    mixed = nxrt.InferenceSession(model, providers=["cpu"], plugin_manager=pm)
+    mixed.run(None, feeds)
+    assert capped == [1]
+
+
 def test_runs_from_several_threads(pm):
     model = transformer_block(seq=16, hidden=32, heads=2, ffn=64)
     session = nxrt.InferenceSession(model, providers=["legacy_abi"], plugin_manager=pm)

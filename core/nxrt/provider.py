@@ -62,6 +62,9 @@ class ExecutionProvider:
 
     id: EpId = ""
     device_type: str = "cpu"
+    #: Whether kernels compute through the process's BLAS (numpy's), whose thread
+    #: count the session then sets per run; an EP with its own thread pool says no.
+    uses_host_blas: bool = True
 
     def __init__(self, config: EpConfig | None = None, ops: OpRegistry | None = None) -> None:
         self.config = config or EpConfig()

@@ -181,6 +181,8 @@ class InferenceSession:
         self._report = placement.report
         self._report.folded, self._report.fused = folded, fused
         self._plan = self._build_plan(placement)
+        running = {step.ep for step in self._plan.steps}
+        self._host_blas = any(ep.uses_host_blas for ep, _ in self._eps if ep.id in running)
         initializer_names = set(graph.initializers)
         self._inputs = _describe_values(
             [v for v in graph.inputs if v.name not in initializer_names]
@@ -190,6 +192,9 @@ class InferenceSession:
         )
         self._outputs = _describe_values(graph.outputs)
         self._input_dtypes = {a.name: v for a, v in zip(self._inputs, self._input_values())}
+        # built once: models that list their weights as inputs have hundreds of names
+        self._expected_inputs = {a.name: a for a in self._inputs}
+        self._overridable_names = frozenset(a.name for a in self._overridable)
         self._profiler = None
         if self._options.enable_profiling:
             stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -512,6 +517,8 @@ class InferenceSession:
         """Compute ``output_names`` (all when ``None``) from ``input_feed``."""
         wanted = self._check_output_names(output_names)
         feeds = self._check_feeds(input_feed)
+        if not self._host_blas:
+            return self._plan.execute(feeds, wanted, self._profiler)
         with self._parallel.run_limits():
             return self._plan.execute(feeds, wanted, self._profiler)
 
@@ -527,8 +534,8 @@ class InferenceSession:
     def _check_feeds(self, input_feed: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(input_feed, dict):
             raise InvalidArgument("input_feed must be a dict of input name -> numpy array")
-        expected = {a.name: a for a in self._inputs}
-        overridable = {a.name for a in self._overridable}
+        expected = self._expected_inputs
+        overridable = self._overridable_names
         unknown = [n for n in input_feed if n not in expected and n not in overridable]
         if unknown:
             raise InvalidArgument(

@@ -203,6 +203,8 @@ class LegacyOrtEp(ExecutionProvider):
     :param spec: Which provider (or plugin library) this EP id stands for.
     """
 
+    uses_host_blas = False  # ORT computes on its own thread pool and its own GEMMs
+
     def __init__(self, config: EpConfig | None = None, spec: OrtEpSpec | None = None) -> None:
         super().__init__(config)
         import onnxruntime as ort
