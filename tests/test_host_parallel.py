@@ -161,4 +161,4 @@ def test_a_cap_at_the_current_count_calls_no_blas_setter(monkeypatch) -> None:
         monkeypatch.setattr(library, "set_num_threads", calls.append)
         with _governor.cap(current):
             pass
-    assert calls == [], "OpenBLAS wakes its threads on every set call: skip the no-ops"
+    assert calls == [], "a cap equal to the current count needs no call into the library"
