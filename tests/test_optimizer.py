@@ -106,7 +106,7 @@ def test_constant_chains_fold_but_random_ops_do_not():
     )
 
 
-# -- fusions into com.nxrt ops and standard ops ---------------------------------------------------
+# -- fusions into pkg.nxrt ops and standard ops ---------------------------------------------------
 
 
 def _model(nodes, inputs, outputs, initializers, opset=17):

@@ -15,6 +15,7 @@ import onnx
 import onnx.defs
 from onnx import helper
 
+#: The one domain of nxrt's own ops: BlockQuantizedMoE and the optimizer's fused ops.
 DOMAIN = "pkg.nxrt"
 MOE_OP_TYPE = "BlockQuantizedMoE"
 MOE_SINCE = 1
@@ -139,14 +140,14 @@ def _infer_moe(ctx: Any) -> None:
     ctx.set_output_type(0, out)
 
 
-#: The domain of the optimizer's fused ops (made at session creation, never by exporters).
-FUSED_DOMAIN = "com.nxrt"
+#: The opset version of the optimizer's fused ops (made at session creation, never by
+#: exporters).
 FUSED_SINCE = 1
 _FLOATS = ["tensor(float)", "tensor(double)", "tensor(float16)"]
 
 
 def _fused_schemas() -> list[onnx.defs.OpSchema]:
-    """``com.nxrt::FusedConv`` and ``com.nxrt::FusedMatMul`` (see nxrt.optimizer)."""
+    """``pkg.nxrt::FusedConv`` and ``pkg.nxrt::FusedMatMul`` (see nxrt.optimizer)."""
     schema = onnx.defs.OpSchema
     param = schema.FormalParameter
     optional = schema.FormalParameterOption.Optional
@@ -163,7 +164,7 @@ def _fused_schemas() -> list[onnx.defs.OpSchema]:
     ]
     conv = schema(
         "FusedConv",
-        FUSED_DOMAIN,
+        DOMAIN,
         FUSED_SINCE,
         "activation(Conv(X, W, B) + Z): a Conv with the residual Add and the activation "
         "after it fused in.",
@@ -187,7 +188,7 @@ def _fused_schemas() -> list[onnx.defs.OpSchema]:
     )
     matmul = schema(
         "FusedMatMul",
-        FUSED_DOMAIN,
+        DOMAIN,
         FUSED_SINCE,
         "activation(MatMul(A, B) + bias), bias along the last axis: a MatMul with the "
         "bias Add (and activation) after it fused in.",
@@ -221,7 +222,7 @@ def register() -> None:
             schema.set_type_and_shape_inference_function(_infer_moe)
             onnx.defs.register_schema(schema)
         for fused in _fused_schemas():
-            if not onnx.defs.has(fused.name, FUSED_SINCE, FUSED_DOMAIN):
+            if not onnx.defs.has(fused.name, FUSED_SINCE, DOMAIN):
                 fused.set_type_and_shape_inference_function(_infer_same_type)
                 onnx.defs.register_schema(fused)
 
@@ -231,7 +232,6 @@ register()
 __all__ = [
     "ACTIVATIONS",
     "DOMAIN",
-    "FUSED_DOMAIN",
     "FUSED_SINCE",
     "MOE_OP_TYPE",
     "MOE_SINCE",

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nxrt.conformance import node_cases, package_exclusions, run_cases
+from nxrt.conformance import check_case, node_cases, package_exclusions, run_cases
 from nxrt.epcontext import EpContext
 from nxrt.errors import UnsupportedContext
 from nxrt.host import Host, get_plugin_manager
@@ -163,7 +163,4 @@ def test_conformance_case(ep_id: str, conformance_case: str) -> None:
     module = _host().pm.get_plugin(descriptor.plugin).__name__
     excluded = package_exclusions(module)
     result = _conformance(ep_id)[conformance_case]
-    if conformance_case in excluded:
-        assert result.status != "pass", f"{conformance_case} passes now: remove its exclusion"
-        pytest.xfail(f"known failure: {excluded[conformance_case]}")
-    assert result.status == "pass", f"{result.status}: {result.message}"
+    check_case(conformance_case, result, excluded)

@@ -6,7 +6,7 @@ Constant folding computes nodes with the session's own kernels, passed in as
 an ``evaluate`` callback, so core never needs to know an op.
 
 Fusions that produce standard ops (Conv+BatchNormalization, MatMul+Add into
-Gemm) always run. Fusions into nxrt's own ``com.nxrt`` ops run only where the
+Gemm) always run. Fusions into nxrt's own ``pkg.nxrt`` ops run only where the
 ``supports`` callback says the session's first EP has a kernel for the fused
 op, so an EP ahead of cpu still sees the standard ops it knows.
 """
@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
+from nxrt.contrib_ops import DOMAIN as FUSED_DOMAIN
+from nxrt.contrib_ops import FUSED_SINCE as FUSED_VERSION
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -29,9 +32,6 @@ def _constant(value: ir.Value | None) -> np.ndarray | None:
     return value.const_value.numpy()
 
 
-#: The domain of the fused ops these passes make (kernels in the cpu EP).
-FUSED_DOMAIN = "com.nxrt"
-FUSED_VERSION = 1
 #: Activations a FusedConv or FusedMatMul applies (ONNX Runtime's FusedConv names).
 FUSABLE_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh")  # and Gelu, for MatMul
 
@@ -353,7 +353,7 @@ class FoldChannelAffine(ir.passes.InPlacePass):
 
 
 class FuseConvActivation(ir.passes.InPlacePass):
-    """Turn Conv -> [Add/Sum residual] -> [activation] into one ``com.nxrt::FusedConv``.
+    """Turn Conv -> [Add/Sum residual] -> [activation] into one ``pkg.nxrt::FusedConv``.
 
     The residual input ``Z`` (same shape as the Conv output) and the
     activation are applied in place on the Conv result: each fused node
@@ -422,7 +422,7 @@ class FuseMatMulAdd(ir.passes.InPlacePass):
     """Fold the bias Add (and an activation) that follows a MatMul by constant weights.
 
     A 2-D product becomes a standard Gemm; a batched one (a transformer's
-    ``[batch, sequence, hidden]`` activations) a ``com.nxrt::FusedMatMul``
+    ``[batch, sequence, hidden]`` activations) a ``pkg.nxrt::FusedMatMul``
     when the first EP has it. Either way the bias is added in place instead
     of through a second full-size array.
     """
@@ -540,7 +540,7 @@ def optimize(
     """Fold constants, then fuse.
 
     :param supports: ``supports(domain, op_type)``: whether the session's first
-        EP runs a fused ``com.nxrt`` op; ``None`` makes standard ops only.
+        EP runs a fused ``pkg.nxrt`` op; ``None`` makes standard ops only.
     :returns: ``(node, op)`` of every folded node and ``(node, into)`` of
         every node fused into another, for the partition report.
     """

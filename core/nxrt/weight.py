@@ -208,9 +208,7 @@ class LazyWeightBoundary(enum.Enum):
 
     def matches(self, domain: str, op_type: str) -> bool:
         return (
-            self is LazyWeightBoundary.BLOCK_QUANTIZED_MOE
-            and domain == "pkg.nxrt"
-            and op_type == "BlockQuantizedMoE"
+            self is LazyWeightBoundary.BLOCK_QUANTIZED_MOE and f"{domain}::{op_type}" == self.value
         )
 
 

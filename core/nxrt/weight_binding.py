@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_ir as ir
 
+from nxrt.contrib_ops import DOMAIN, MOE_OP_TYPE
 from nxrt.registry import normalize_domain
 from nxrt.weight import (
     ExecutionProviderCapabilities,
@@ -29,8 +30,6 @@ from nxrt.weight import (
 if TYPE_CHECKING:
     from nxrt.provider import ExecutionProvider
 
-MOE_DOMAIN = "pkg.nxrt"
-MOE_OP_TYPE = "BlockQuantizedMoE"
 #: Input positions of ``BlockQuantizedMoE`` that hold expert weights (all after X and logits).
 MOE_WEIGHT_INPUTS = range(2, 8)
 
@@ -44,7 +43,7 @@ class LazyWeightCandidate:
 
 
 def is_lazy_boundary(node: ir.Node) -> bool:
-    return normalize_domain(node.domain) == MOE_DOMAIN and node.op_type == MOE_OP_TYPE
+    return normalize_domain(node.domain) == DOMAIN and node.op_type == MOE_OP_TYPE
 
 
 def lazy_weight_candidates(graph: ir.Graph) -> dict[str, LazyWeightCandidate]:
@@ -126,8 +125,6 @@ def negotiate_weights(
 
 
 __all__ = [
-    "MOE_DOMAIN",
-    "MOE_OP_TYPE",
     "MOE_WEIGHT_INPUTS",
     "LazyWeightCandidate",
     "delivered",

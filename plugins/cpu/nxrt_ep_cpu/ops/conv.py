@@ -1,7 +1,7 @@
 """Convolution as GEMM, with the GEMM layout chosen per input shape.
 
 The :class:`ConvKernel` built for every Conv node (and for the optimizer's
-``com.nxrt::FusedConv``: a Conv with a residual input and an activation
+``pkg.nxrt::FusedConv``: a Conv with a residual input and an activation
 fused in) picks one variant per input shape and records it, with its
 reason, as ``variant``/``variant_reason`` (the profiler writes both):
 
@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nxrt.contrib_ops import DOMAIN as FUSED_DOMAIN
 from nxrt.errors import KernelFailed, NxrtError
 from nxrt.kernel import Cost, Kernel, attribute_values
 from nxrt.registry import estimate_cost
@@ -58,8 +59,6 @@ if TYPE_CHECKING:
     from nxrt.host_parallel import HostParallel
     from nxrt.provider import ExecutionProvider
 
-#: The domain of the optimizer's fused ops.
-FUSED_DOMAIN = "com.nxrt"
 #: dtypes the GEMM variants handle; the others take the generic path.
 _GEMM_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 #: Multiply-adds from which a depthwise convolution is split across the pool; below

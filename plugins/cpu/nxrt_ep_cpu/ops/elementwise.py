@@ -274,7 +274,7 @@ def dropout(
 def inplace_activation(
     name: str | bytes, params: Sequence[float] = ()
 ) -> Callable[[np.ndarray], Any] | None:
-    """The in-place form of an activation a fused op applies (``com.nxrt`` FusedConv and
+    """The in-place form of an activation a fused op applies (``pkg.nxrt`` FusedConv and
     FusedMatMul; ONNX Runtime's FusedConv names and ``activation_params``)."""
     if isinstance(name, bytes):
         name = name.decode()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nxrt import contrib_ops  # noqa: F401  (the op's schema, registered with onnx)
+from nxrt.contrib_ops import DOMAIN, MOE_OP_TYPE, MOE_SINCE  # the schema, registered
 from nxrt.errors import InvalidArgument, InvalidModel, KernelFailed, NxrtError, OutOfMemory
 from nxrt.kernel import Cost, Kernel, attribute_values
 from nxrt.memory import parse_bytes
@@ -378,7 +378,7 @@ def _cost(node: ir.Node) -> Cost:
     return Cost(flops, weight_bytes + 2 * tokens * hidden * 4)
 
 
-@op("BlockQuantizedMoE", since=1, domain="pkg.nxrt", cost=_cost)
+@op(MOE_OP_TYPE, since=MOE_SINCE, domain=DOMAIN, cost=_cost)
 def block_quantized_moe(
     x: np.ndarray,
     router_logits: np.ndarray,

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from nxrt.contrib_ops import DOMAIN, FUSED_SINCE
 from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops.elementwise import inplace_activation
@@ -234,7 +235,7 @@ def mat_mul(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
     return np.asarray(np.matmul(a, b)).astype(a.dtype, copy=False)
 
 
-@op("FusedMatMul", since=1, domain="com.nxrt")
+@op("FusedMatMul", since=FUSED_SINCE, domain=DOMAIN)
 def fused_mat_mul(
     a: np.ndarray,
     b: np.ndarray,
