@@ -393,3 +393,36 @@ def test_outputs_without_a_shape_or_type_are_accepted_as_onnxruntime_does(typed)
     (y,) = session.run(None, {"x": np.array([-1, 2], np.float32)})
     np.testing.assert_array_equal(y, [0, 2])
     assert model.SerializeToString() == before  # the caller's model is left as it was
+
+
+def _wide_linear_model() -> onnx.ModelProto:
+    weight = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_checking_and_shape_inference_never_copy_the_weights():
+    from nxrt.model import _types_only, load_model
+
+    model = _wide_linear_model()
+    light = _types_only(model)
+    assert light.ByteSize() < model.ByteSize() // 100, "the 512 KB weight stays out of the copy"
+    ir_model, _ = load_model(model)
+    hidden = next(v for n in ir_model.graph for v in n.outputs if v.name == "h")
+    assert list(hidden.shape) == [2, 512], "types and shapes are still inferred"
+    assert ir_model.graph.initializers["w"].const_value.numpy().shape == (256, 512)
+
+
+def test_a_model_proto_passed_in_is_left_unchanged(cpu_pm):
+    model = _wide_linear_model()
+    before = model.SerializeToString()
+    session = nxrt.InferenceSession(model, providers=["cpu"], plugin_manager=cpu_pm)
+    (y,) = session.run(None, {"x": np.ones((2, 256), np.float32)})
+    assert y.shape == (2, 512)
+    assert model.SerializeToString() == before
