@@ -227,45 +227,8 @@ def _attention_bias(
     return bias + extra
 
 
-@op("Attention", since=23)
+@op("Attention", since=(23, 24))
 def attention_23(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    attn_mask: np.ndarray | None = None,
-    past_key: np.ndarray | None = None,
-    past_value: np.ndarray | None = None,
-    /,
-    *,
-    is_causal: int = 0,
-    kv_num_heads: int | None = None,
-    q_num_heads: int | None = None,
-    qk_matmul_output_mode: int = 0,
-    scale: float | None = None,
-    softcap: float = 0.0,
-    softmax_precision: int | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Attention of opset 23: Y, present key/value and the chosen ``qk_matmul_output``."""
-    return _attention(
-        q,
-        k,
-        v,
-        attn_mask,
-        past_key,
-        past_value,
-        None,
-        scale=scale,
-        is_causal=is_causal,
-        q_num_heads=q_num_heads,
-        kv_num_heads=kv_num_heads,
-        softmax_precision=softmax_precision,
-        softcap=softcap,
-        qk_matmul_output_mode=qk_matmul_output_mode,
-    )
-
-
-@op("Attention", since=24)
-def attention_24(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
@@ -283,7 +246,8 @@ def attention_24(
     softcap: float = 0.0,
     softmax_precision: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Attention of opset 24: adds ``nonpad_kv_seqlen`` for an external KV cache."""
+    """Attention of opsets 23 and 24 (24 adds ``nonpad_kv_seqlen`` for an external KV
+    cache): Y, present key/value and the chosen ``qk_matmul_output``."""
     return _attention(
         q,
         k,

@@ -146,53 +146,13 @@ def quantize_linear_10(
     return _quantize(x, y_scale, y_zero_point)
 
 
-@op("QuantizeLinear", since=13)
-def quantize_linear_13(
-    x: np.ndarray, y_scale: np.ndarray, y_zero_point: np.ndarray | None = None, /, *, axis: int = 1
-) -> np.ndarray:
-    """Per-tensor or per-axis quantisation."""
-    return _quantize(x, y_scale, y_zero_point, axis=axis)
+# Opset 13 on: one function for every version, whose attributes each version's are a
+# subset of, with the same defaults (the ONNX checker refuses the others). 19 adds float8
+# and ``saturate``, 21 blocks, ``output_dtype`` and 4/16-bit integers, 23 ``precision``
+# (the dtype of the division) and float4/6 and 2-bit outputs.
 
 
-@op("QuantizeLinear", since=19)
-def quantize_linear_19(
-    x: np.ndarray,
-    y_scale: np.ndarray,
-    y_zero_point: np.ndarray | None = None,
-    /,
-    *,
-    axis: int = 1,
-    saturate: int = 1,
-) -> np.ndarray:
-    """Adds float8 outputs and ``saturate``."""
-    return _quantize(x, y_scale, y_zero_point, axis=axis, saturate=saturate)
-
-
-@op("QuantizeLinear", since=21)
-def quantize_linear_21(
-    x: np.ndarray,
-    y_scale: np.ndarray,
-    y_zero_point: np.ndarray | None = None,
-    /,
-    *,
-    axis: int = 1,
-    block_size: int = 0,
-    output_dtype: int = 0,
-    saturate: int = 1,
-) -> np.ndarray:
-    """Adds blocked quantisation, ``output_dtype`` and 4/16-bit integers."""
-    return _quantize(
-        x,
-        y_scale,
-        y_zero_point,
-        axis=axis,
-        saturate=saturate,
-        block_size=block_size,
-        output_dtype=output_dtype,
-    )
-
-
-@op("QuantizeLinear", since=(23, 24, 25, 28))
+@op("QuantizeLinear", since=(13, 19, 21, 23, 24, 25, 28))
 def quantize_linear(
     x: np.ndarray,
     y_scale: np.ndarray,
@@ -205,7 +165,7 @@ def quantize_linear(
     precision: int = 0,
     saturate: int = 1,
 ) -> np.ndarray:
-    """Adds ``precision`` (dtype of the division) and float4/6, 2-bit outputs."""
+    """Per-tensor, per-axis or blocked quantisation."""
     return _quantize(
         x,
         y_scale,
@@ -256,29 +216,7 @@ def dequantize_linear_10(
     return _dequantize(x, x_scale, x_zero_point)
 
 
-@op("DequantizeLinear", since=(13, 19))
-def dequantize_linear_13(
-    x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None = None, /, *, axis: int = 1
-) -> np.ndarray:
-    """Per-tensor or per-axis dequantisation (19 adds float8 inputs)."""
-    return _dequantize(x, x_scale, x_zero_point, axis=axis)
-
-
-@op("DequantizeLinear", since=21)
-def dequantize_linear_21(
-    x: np.ndarray,
-    x_scale: np.ndarray,
-    x_zero_point: np.ndarray | None = None,
-    /,
-    *,
-    axis: int = 1,
-    block_size: int = 0,
-) -> np.ndarray:
-    """Adds blocked dequantisation."""
-    return _dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size)
-
-
-@op("DequantizeLinear", since=(23, 24, 25, 28))
+@op("DequantizeLinear", since=(13, 19, 21, 23, 24, 25, 28))
 def dequantize_linear(
     x: np.ndarray,
     x_scale: np.ndarray,
@@ -289,7 +227,8 @@ def dequantize_linear(
     block_size: int = 0,
     output_dtype: int = 0,
 ) -> np.ndarray:
-    """Adds ``output_dtype`` (needed for float8e8m0 scales)."""
+    """Per-tensor, per-axis or blocked dequantisation (as QuantizeLinear, one function
+    for every version from 13; 23 adds ``output_dtype``, needed for float8e8m0 scales)."""
     return _dequantize(
         x, x_scale, x_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype
     )

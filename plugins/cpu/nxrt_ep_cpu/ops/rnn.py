@@ -271,76 +271,12 @@ def _float_list(values) -> list[float] | None:
     return None if values is None else [float(v) for v in values]
 
 
-@op("RNN", since=1)
-def rnn_1(
-    x: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray | None = None,
-    sequence_lens: np.ndarray | None = None,
-    initial_h: np.ndarray | None = None,
-    /,
-    *,
-    activation_alpha: list[float] | None = None,
-    activation_beta: list[float] | None = None,
-    activations: Sequence[str] = ("Tanh", "Tanh"),
-    clip: float | None = None,
-    direction: str = "forward",
-    hidden_size: int | None = None,
-    output_sequence: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Simple RNN (opset 1; ``output_sequence`` only says whether Y is wanted)."""
-    return rnn(
-        x,
-        w,
-        r,
-        b,
-        sequence_lens,
-        initial_h,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-    )
+# One function per op serves every version: a version's attributes are a subset of the
+# latest's with the same defaults (the ONNX checker refuses the others), and opset 1's
+# ``output_sequence`` only says whether Y is wanted, which the graph already says.
 
 
-@op("RNN", since=7)
-def rnn_7(
-    x: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray | None = None,
-    sequence_lens: np.ndarray | None = None,
-    initial_h: np.ndarray | None = None,
-    /,
-    *,
-    activation_alpha: list[float] | None = None,
-    activation_beta: list[float] | None = None,
-    activations: Sequence[str] = ("Tanh", "Tanh"),
-    clip: float | None = None,
-    direction: str = "forward",
-    hidden_size: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Simple RNN, ``[seq, batch, ...]`` layout."""
-    return rnn(
-        x,
-        w,
-        r,
-        b,
-        sequence_lens,
-        initial_h,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-    )
-
-
-@op("RNN", since=(14, 22))
+@op("RNN", since=(1, 7, 14, 22))
 def rnn(
     x: np.ndarray,
     w: np.ndarray,
@@ -357,6 +293,7 @@ def rnn(
     direction: str = "forward",
     hidden_size: int | None = None,
     layout: int = 0,
+    output_sequence: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Simple RNN: ``H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)``; ``layout=1`` is batch-first.
 
@@ -385,10 +322,44 @@ def rnn(
     return y, y_h
 
 
-def _gru(x, w, r, b, sequence_lens, initial_h, **attrs) -> tuple[np.ndarray, np.ndarray]:
-    attrs["activation_alpha"] = _float_list(attrs.get("activation_alpha"))
-    attrs["activation_beta"] = _float_list(attrs.get("activation_beta"))
-    y, y_h, _ = _run("GRU", x, w, r, b, sequence_lens, initial_h, **attrs)
+@op("GRU", since=(3, 7, 14, 22))
+def gru(
+    x: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    b: np.ndarray | None = None,
+    sequence_lens: np.ndarray | None = None,
+    initial_h: np.ndarray | None = None,
+    /,
+    *,
+    activation_alpha: list[float] | None = None,
+    activation_beta: list[float] | None = None,
+    activations: list[str] | None = None,
+    clip: float | None = None,
+    direction: str = "forward",
+    hidden_size: int | None = None,
+    layout: int = 0,
+    linear_before_reset: int = 0,
+    output_sequence: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """GRU, gates z, r, h; ``layout=1`` is batch-first."""
+    y, y_h, _ = _run(
+        "GRU",
+        x,
+        w,
+        r,
+        b,
+        sequence_lens,
+        initial_h,
+        activations=activations,
+        activation_alpha=_float_list(activation_alpha),
+        activation_beta=_float_list(activation_beta),
+        clip=clip,
+        direction=direction,
+        hidden_size=hidden_size,
+        layout=layout,
+        linear_before_reset=linear_before_reset,
+    )
     return y, y_h
 
 
@@ -410,8 +381,8 @@ def gru_1(
     hidden_size: int | None = None,
     output_sequence: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """GRU (opset 1; the schema spells the default direction "foward")."""
-    return _gru(
+    """GRU opset 1, whose schema spells the default direction "foward"."""
+    return gru(
         x,
         w,
         r,
@@ -427,169 +398,7 @@ def gru_1(
     )
 
 
-@op("GRU", since=(3, 7))
-def gru_3(
-    x: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray | None = None,
-    sequence_lens: np.ndarray | None = None,
-    initial_h: np.ndarray | None = None,
-    /,
-    *,
-    activation_alpha: list[float] | None = None,
-    activation_beta: list[float] | None = None,
-    activations: list[str] | None = None,
-    clip: float | None = None,
-    direction: str = "forward",
-    hidden_size: int | None = None,
-    linear_before_reset: int = 0,
-    output_sequence: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """GRU with ``linear_before_reset`` (3; 7 drops ``output_sequence``)."""
-    return _gru(
-        x,
-        w,
-        r,
-        b,
-        sequence_lens,
-        initial_h,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-        linear_before_reset=linear_before_reset,
-    )
-
-
-@op("GRU", since=(14, 22))
-def gru(
-    x: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray | None = None,
-    sequence_lens: np.ndarray | None = None,
-    initial_h: np.ndarray | None = None,
-    /,
-    *,
-    activation_alpha: list[float] | None = None,
-    activation_beta: list[float] | None = None,
-    activations: list[str] | None = None,
-    clip: float | None = None,
-    direction: str = "forward",
-    hidden_size: int | None = None,
-    layout: int = 0,
-    linear_before_reset: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """GRU, gates z, r, h; ``layout=1`` is batch-first."""
-    return _gru(
-        x,
-        w,
-        r,
-        b,
-        sequence_lens,
-        initial_h,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-        layout=layout,
-        linear_before_reset=linear_before_reset,
-    )
-
-
-def _lstm(x, w, r, b, sequence_lens, initial_h, initial_c, p, **attrs) -> tuple[np.ndarray, ...]:
-    attrs["activation_alpha"] = _float_list(attrs.get("activation_alpha"))
-    attrs["activation_beta"] = _float_list(attrs.get("activation_beta"))
-    return _run("LSTM", x, w, r, b, sequence_lens, initial_h, initial_c, p, **attrs)
-
-
-@op("LSTM", since=1)
-def lstm_1(
-    x: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray | None = None,
-    sequence_lens: np.ndarray | None = None,
-    initial_h: np.ndarray | None = None,
-    initial_c: np.ndarray | None = None,
-    p: np.ndarray | None = None,
-    /,
-    *,
-    activation_alpha: list[float] | None = None,
-    activation_beta: list[float] | None = None,
-    activations: list[str] | None = None,
-    clip: float | None = None,
-    direction: str = "forward",
-    hidden_size: int | None = None,
-    input_forget: int = 0,
-    output_sequence: int = 0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """LSTM (opset 1, with ``output_sequence``)."""
-    return _lstm(
-        x,
-        w,
-        r,
-        b,
-        sequence_lens,
-        initial_h,
-        initial_c,
-        p,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-        input_forget=input_forget,
-    )
-
-
-@op("LSTM", since=7)
-def lstm_7(
-    x: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray | None = None,
-    sequence_lens: np.ndarray | None = None,
-    initial_h: np.ndarray | None = None,
-    initial_c: np.ndarray | None = None,
-    p: np.ndarray | None = None,
-    /,
-    *,
-    activation_alpha: list[float] | None = None,
-    activation_beta: list[float] | None = None,
-    activations: list[str] | None = None,
-    clip: float | None = None,
-    direction: str = "forward",
-    hidden_size: int | None = None,
-    input_forget: int = 0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """LSTM, ``[seq, batch, ...]`` layout."""
-    return _lstm(
-        x,
-        w,
-        r,
-        b,
-        sequence_lens,
-        initial_h,
-        initial_c,
-        p,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        activations=activations,
-        clip=clip,
-        direction=direction,
-        hidden_size=hidden_size,
-        input_forget=input_forget,
-    )
-
-
-@op("LSTM", since=(14, 22))
+@op("LSTM", since=(1, 7, 14, 22))
 def lstm(
     x: np.ndarray,
     w: np.ndarray,
@@ -609,9 +418,11 @@ def lstm(
     hidden_size: int | None = None,
     input_forget: int = 0,
     layout: int = 0,
+    output_sequence: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LSTM, gates i, o, f, c, optional peepholes ``P``; ``layout=1`` is batch-first."""
-    return _lstm(
+    return _run(
+        "LSTM",
         x,
         w,
         r,
@@ -620,9 +431,9 @@ def lstm(
         initial_h,
         initial_c,
         p,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
         activations=activations,
+        activation_alpha=_float_list(activation_alpha),
+        activation_beta=_float_list(activation_beta),
         clip=clip,
         direction=direction,
         hidden_size=hidden_size,
