@@ -16,42 +16,14 @@ import numpy as np
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops._spatial import Windows, lowest, pad_for, tap_views, windows
 
-
-@op("MaxPool", since=1)
-def max_pool_1(
-    x: np.ndarray,
-    /,
-    *,
-    auto_pad: str = "NOTSET",
-    kernel_shape: list[int],
-    pads: list[int] | None = None,
-    strides: list[int] | None = None,
-) -> np.ndarray:
-    """MaxPool before opset 8: no Indices output, no dilations, floor rounding."""
-    win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
-    return _max(x, win)
+# One function per op serves every version: each version's attributes are a subset of
+# the latest's, with the same defaults (the ONNX checker refuses the others). MaxPool 8
+# adds the Indices output and ``storage_order``, 10 ``ceil_mode`` and ``dilations``;
+# AveragePool 7 adds ``count_include_pad`` (padding is never counted before), 10
+# ``ceil_mode``, 19 ``dilations``.
 
 
-@op("MaxPool", since=8)
-def max_pool_8(
-    x: np.ndarray,
-    /,
-    *,
-    auto_pad: str = "NOTSET",
-    kernel_shape: list[int],
-    pads: list[int] | None = None,
-    storage_order: int = 0,
-    strides: list[int] | None = None,
-    _n_outputs: int = 2,
-) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """MaxPool with its optional Indices output (opset 8 adds it and ``storage_order``)."""
-    win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
-    if _n_outputs < 2:  # nobody reads Indices: skip computing them
-        return _max(x, win)
-    return _max_with_indices(x, win, storage_order)
-
-
-@op("MaxPool", since=(10, 11, 12, 22))
+@op("MaxPool", since=(1, 8, 10, 11, 12, 22))
 def max_pool(
     x: np.ndarray,
     /,
@@ -65,7 +37,7 @@ def max_pool(
     strides: list[int] | None = None,
     _n_outputs: int = 2,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """MaxPool with ``ceil_mode`` and ``dilations`` (opset 10 on)."""
+    """Max over each window; the Indices output only when the node has it."""
     win = windows(
         x.shape[2:],
         kernel_shape,
@@ -80,62 +52,7 @@ def max_pool(
     return _max_with_indices(x, win, storage_order)
 
 
-@op("AveragePool", since=1)
-def average_pool_1(
-    x: np.ndarray,
-    /,
-    *,
-    auto_pad: str = "NOTSET",
-    kernel_shape: list[int],
-    pads: list[int] | None = None,
-    strides: list[int] | None = None,
-) -> np.ndarray:
-    """AveragePool before opset 7: padding is never counted."""
-    win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
-    return _average(x, win, count_include_pad=0)
-
-
-@op("AveragePool", since=7)
-def average_pool_7(
-    x: np.ndarray,
-    /,
-    *,
-    auto_pad: str = "NOTSET",
-    count_include_pad: int = 0,
-    kernel_shape: list[int],
-    pads: list[int] | None = None,
-    strides: list[int] | None = None,
-) -> np.ndarray:
-    """AveragePool with ``count_include_pad`` (opset 7)."""
-    win = windows(x.shape[2:], kernel_shape, strides=strides, pads=pads, auto_pad=auto_pad)
-    return _average(x, win, count_include_pad)
-
-
-@op("AveragePool", since=(10, 11))
-def average_pool_10(
-    x: np.ndarray,
-    /,
-    *,
-    auto_pad: str = "NOTSET",
-    ceil_mode: int = 0,
-    count_include_pad: int = 0,
-    kernel_shape: list[int],
-    pads: list[int] | None = None,
-    strides: list[int] | None = None,
-) -> np.ndarray:
-    """AveragePool with ``ceil_mode`` (opset 10)."""
-    win = windows(
-        x.shape[2:],
-        kernel_shape,
-        strides=strides,
-        pads=pads,
-        auto_pad=auto_pad,
-        ceil_mode=ceil_mode,
-    )
-    return _average(x, win, count_include_pad)
-
-
-@op("AveragePool", since=(19, 22))
+@op("AveragePool", since=(1, 7, 10, 11, 19, 22))
 def average_pool(
     x: np.ndarray,
     /,
@@ -148,7 +65,7 @@ def average_pool(
     pads: list[int] | None = None,
     strides: list[int] | None = None,
 ) -> np.ndarray:
-    """AveragePool with ``dilations`` (opset 19)."""
+    """Mean over each window, padding counted only with ``count_include_pad``."""
     win = windows(
         x.shape[2:],
         kernel_shape,
