@@ -61,37 +61,7 @@ def resize_10(x: np.ndarray, scales: np.ndarray, /, *, mode: str = "nearest") ->
     )
 
 
-@op("Resize", since=(11, 13))
-def resize_11(
-    x: np.ndarray,
-    roi: np.ndarray | None = None,
-    scales: np.ndarray | None = None,
-    sizes: np.ndarray | None = None,
-    /,
-    *,
-    coordinate_transformation_mode: str = "half_pixel",
-    cubic_coeff_a: float = _CUBIC_A,
-    exclude_outside: int = 0,
-    extrapolation_value: float = 0.0,
-    mode: str = "nearest",
-    nearest_mode: str = "round_prefer_floor",
-) -> np.ndarray:
-    """Resize by ``scales`` or to ``sizes`` (opset 11, 13)."""
-    return _resize(
-        x,
-        roi,
-        scales,
-        sizes,
-        mode=mode,
-        coordinate_mode=coordinate_transformation_mode,
-        nearest_mode=nearest_mode,
-        cubic_a=cubic_coeff_a,
-        exclude_outside=exclude_outside,
-        extrapolation_value=extrapolation_value,
-    )
-
-
-@op("Resize", since=(18, 19))
+@op("Resize", since=(11, 13, 18, 19))
 def resize(
     x: np.ndarray,
     roi: np.ndarray | None = None,
@@ -109,7 +79,8 @@ def resize(
     mode: str = "nearest",
     nearest_mode: str = "round_prefer_floor",
 ) -> np.ndarray:
-    """Resize by ``scales`` or to ``sizes`` on ``axes``, with antialiasing and aspect policy."""
+    """Resize by ``scales`` or to ``sizes`` (opset 11 on; 18 adds ``axes``, antialiasing
+    and the aspect policy, whose defaults keep 11's behaviour)."""
     return _resize(
         x,
         roi,
