@@ -426,3 +426,11 @@ def test_a_model_proto_passed_in_is_left_unchanged(cpu_pm):
     (y,) = session.run(None, {"x": np.ones((2, 256), np.float32)})
     assert y.shape == (2, 512)
     assert model.SerializeToString() == before
+
+
+def test_a_session_holds_one_copy_of_each_weight(cpu_pm):
+    session = nxrt.InferenceSession(_wide_linear_model(), providers=["cpu"], plugin_manager=cpu_pm)
+    plan = session._plan
+    weight = plan.constants[plan.slot_names.index("w")]
+    graph_copy = session._model.graph.initializers["w"].const_value.numpy()
+    assert np.shares_memory(weight, graph_copy), "the graph keeps the plan's array, not its own"

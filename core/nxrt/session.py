@@ -268,6 +268,8 @@ class InferenceSession:
         self, placement: Any, graph: ir.Graph | None = None, implicit: Sequence[str] = ()
     ) -> Plan:
         """The flat plan of the main graph, or of a subgraph reading ``implicit`` outer values."""
+        import onnx_ir as ir
+
         graph = graph if graph is not None else self._model.graph
         eps = {ep.id: ep for ep, _ in self._eps}
         slots: dict[str, int] = {}
@@ -289,6 +291,10 @@ class InferenceSession:
                 raise InvalidModel(f"initializer {name!r} has no data")
             array = value.const_value.numpy()
             if isinstance(array, np.ndarray):
+                if array.dtype.kind in "biufc" and type(array.dtype).__module__.startswith("numpy"):
+                    # the graph keeps this array instead of the protobuf's copy of the bytes,
+                    # so the parsed model can be freed: one copy of every weight, not two
+                    value.const_value = ir.Tensor(array, name=name)
                 array = array.view()
                 array.flags.writeable = False
             constants[slot(name)] = array
