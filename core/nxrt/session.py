@@ -291,7 +291,7 @@ class InferenceSession:
                 raise InvalidModel(f"initializer {name!r} has no data")
             array = value.const_value.numpy()
             if isinstance(array, np.ndarray):
-                if array.dtype.kind in "biufc" and type(array.dtype).__module__.startswith("numpy"):
+                if array.dtype.kind in "biufc":  # not strings, not ml_dtypes' (kind "V")
                     # the graph keeps this array instead of the protobuf's copy of the bytes,
                     # so the parsed model can be freed: one copy of every weight, not two
                     value.const_value = ir.Tensor(array, name=name)
