@@ -90,7 +90,7 @@ def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-#: Initializers with at least this many bytes of data go to the checker and to shape
+#: Initializers of at least this many bytes (serialized) go to the checker and to shape
 #: inference as data-less stubs; smaller ones (the shape constants inference folds) stay.
 _STUB_BYTES = 1024
 #: The ``location`` of a stub: never a file, only read by the checker's field checks.
@@ -104,7 +104,8 @@ def _types_only(proto: onnx.ModelProto) -> onnx.ModelProto:
     _copy_fields(proto, light, skip="graph")
     _copy_fields(proto.graph, light.graph, skip="initializer")
     for tensor in proto.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL or len(tensor.raw_data) < _STUB_BYTES:
+        # ByteSize counts the data in whichever field holds it (raw_data, float_data, ...)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.ByteSize() < _STUB_BYTES:
             light.graph.initializer.add().CopyFrom(tensor)
             continue
         stub = light.graph.initializer.add()
