@@ -195,6 +195,53 @@ def test_affine_chain_after_batch_normalization_folds_into_it():
     assert session.get_partition().fused == [("scale", "bn"), ("shift", "bn")]
 
 
+def pre_activation_block(scale: np.ndarray, group: int = 1, pads=(0, 0, 0, 0)):
+    """Concat -> BatchNormalization -> Relu -> Conv, as in a DenseNet layer."""
+    channels = scale.size
+    stats = [scale, RNG.standard_normal(channels), RNG.standard_normal(channels)]
+    stats.append(RNG.uniform(0.5, 2, channels))
+    w = RNG.standard_normal((4, channels // group, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for a, n in zip(stats, "sbmv")]
+    inits += [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(RNG.standard_normal(4).astype(np.float32), "wb"),
+    ]
+    nodes = [
+        helper.make_node("Concat", ["x1", "x2"], ["x"], name="cat", axis=1),
+        helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"], name="bn"),
+        helper.make_node("Relu", ["n"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w", "wb"], ["y"], name="conv", pads=pads, group=group),
+    ]
+    half = [1, channels // 2, 5, 5]
+    return _model(nodes, [_value("x1", half), _value("x2", half)], [_value("y", None)], inits)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_batch_norm_and_relu_before_a_conv_become_one_max(group):
+    model = pre_activation_block(RNG.uniform(0.2, 2, 6), group)
+    feeds = {name: RNG.standard_normal((1, 3, 5, 5)).astype(np.float32) for name in ("x1", "x2")}
+    session, steps = _compare(model, feeds)
+    # the scale moves into the Conv's weights, the shift becomes a per-channel floor
+    assert [op for op, _ in steps] == ["Concat", "Max", "Conv"]
+    assert session.get_partition().fused == [("bn", "conv"), ("relu", "conv")]
+
+
+@pytest.mark.parametrize(
+    ("scale", "pads"),
+    [
+        # Relu(a x + b) is a * max(x, -b / a) + b only where a > 0
+        (np.array([1.0, 0.5, -0.7, 2.0, 1.5, 0.3]), (0, 0, 0, 0)),
+        # with padding, the border windows would take the shift from padding that has none
+        (np.full(6, 0.8), (1, 1, 1, 1)),
+    ],
+)
+def test_batch_norm_and_relu_stay_where_the_rewrite_would_change_results(scale, pads):
+    model = pre_activation_block(scale, pads=pads)
+    feeds = {name: RNG.standard_normal((1, 3, 5, 5)).astype(np.float32) for name in ("x1", "x2")}
+    session, steps = _compare(model, feeds)
+    assert [op for op, _ in steps] == ["Concat", "BatchNormalization", "Relu", "Conv"]
+
+
 def test_matmul_add_becomes_gemm_in_2d_and_fused_matmul_with_gelu_in_3d():
     w1 = (RNG.standard_normal((8, 16)) * 0.5).astype(np.float32)
     w2 = (RNG.standard_normal((16, 8)) * 0.5).astype(np.float32)

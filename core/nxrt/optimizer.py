@@ -249,6 +249,28 @@ def _replace_chain(graph: ir.Graph, chain: list[ir.Node], fused: ir.Node, result
     out.name = name
 
 
+def _along_inputs(values: np.ndarray, weight_shape: tuple[int, ...], group: int) -> np.ndarray:
+    """One value per input channel, laid out to multiply Conv weights of ``weight_shape``:
+    group ``g``'s filters read channels ``g * per_group`` onwards."""
+    outputs, per_group = weight_shape[:2]
+    grouped = np.broadcast_to(
+        values.reshape(group, 1, per_group), (group, outputs // group, per_group)
+    )
+    return grouped.reshape(outputs, per_group, *(1,) * (len(weight_shape) - 2))
+
+
+def _padded(conv: ir.Node) -> bool:
+    """Whether some window of ``conv`` may reach past its input (explicit or SAME pads)."""
+    auto_pad = conv.attributes.get("auto_pad")
+    mode = auto_pad.value if auto_pad is not None else "NOTSET"
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode in ("SAME_UPPER", "SAME_LOWER"):
+        return True
+    pads = conv.attributes.get("pads")
+    return mode != "VALID" and pads is not None and any(pads.value)
+
+
 def _per_channel(array: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
     """``array`` as one value per channel (axis 1 of a rank-``rank`` tensor), if it
     broadcasts that way; ``None`` when it varies along another axis."""
@@ -349,6 +371,86 @@ class FoldChannelAffine(ir.passes.InPlacePass):
                 out.name = name
             out.shape, out.type = value.shape or out.shape, value.type or out.type
             self.fused.extend((user.name, node.name) for user in absorbed)
+        return ir.passes.PassResult(model, bool(self.fused))
+
+
+class FoldPreActivation(ir.passes.InPlacePass):
+    """Rewrite BatchNormalization -> Relu -> Conv (DenseNet's pre-activation) as Max -> Conv.
+
+    With ``a = scale / sqrt(var + eps)`` and ``shift = bias - mean * a``,
+    ``relu(a * x + shift)`` is ``a * max(x, -shift / a) + shift`` wherever
+    ``a > 0``: ``a`` moves into the Conv's weights along their input
+    channels and ``shift`` into its bias, so three passes over the
+    activations (multiply, add, Relu) become one Max against a per-channel
+    floor. The bias takes ``shift`` exactly only when every window lies
+    inside the input, so Convs with padding are left alone, as are channels
+    whose ``a`` is not positive and opsets before 8 (where Max cannot
+    broadcast).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused: list[tuple[str, str]] = []
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        if model.opset_imports.get("", 1) < 8:
+            return ir.passes.PassResult(model, False)
+        for bn in list(graph):
+            if not _standard(bn, "BatchNormalization") or bn.graph is not graph:
+                continue
+            spatial = bn.attributes.get("spatial")
+            if len(bn.outputs) != 1 or _training(bn) or (spatial is not None and not spatial.value):
+                continue
+            relu = _only_user(bn.outputs[0], graph)
+            if relu is None or not _standard(relu, "Relu"):
+                continue
+            conv = _only_user(relu.outputs[0], graph)
+            if conv is None or not _standard(conv, "Conv") or conv.inputs[0] is not relu.outputs[0]:
+                continue
+            weights = _constant(conv.inputs[1])
+            params = [_constant(v) for v in bn.inputs[1:5]]
+            x = bn.inputs[0]
+            if weights is None or weights.ndim < 3 or any(p is None for p in params):
+                continue
+            if x.dtype is None or x.dtype.numpy().kind != "f":
+                continue
+            scale, bias, mean, var = (p.astype(np.float64) for p in params)
+            epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
+            factor = scale / np.sqrt(var + epsilon)
+            group = conv.attributes["group"].value if "group" in conv.attributes else 1
+            outputs, per_group = weights.shape[:2]
+            if factor.ndim != 1 or per_group * group != factor.size or outputs % group:
+                continue
+            if not (np.all(factor > 0) and np.all(np.isfinite(factor))) or _padded(conv):
+                continue
+            conv_bias = _constant(conv.inputs[2]) if len(conv.inputs) > 2 else None
+            if len(conv.inputs) > 2 and conv.inputs[2] is not None and conv_bias is None:
+                continue
+            shift = bias - mean * factor
+            floor = (-shift / factor).astype(x.dtype.numpy())
+            if not np.all(np.isfinite(floor)):
+                continue
+            wide = weights.astype(np.float64)
+            spread = _along_inputs(shift, weights.shape, group)
+            new_bias = (wide * spread).sum(axis=tuple(range(1, weights.ndim)))
+            if conv_bias is not None:
+                new_bias = new_bias + conv_bias.astype(np.float64)
+            stem = conv.name or "conv"
+            scaled = (wide * _along_inputs(factor, weights.shape, group)).astype(weights.dtype)
+            new_w = _new_initializer(graph, f"{stem}_preact_weight", scaled)
+            b_value = _new_initializer(graph, f"{stem}_preact_bias", new_bias.astype(weights.dtype))
+            floor_shape = (factor.size,) + (1,) * (weights.ndim - 2)
+            floor_value = _new_initializer(
+                graph, f"{stem}_preact_floor", floor.reshape(floor_shape)
+            )
+            clamp = ir.Node("", "Max", [x, floor_value], num_outputs=1, name=relu.name)
+            conv.replace_input_with(1, new_w)
+            if len(conv.inputs) < 3:
+                conv.resize_inputs(3)
+            conv.replace_input_with(2, b_value)
+            _replace_chain(graph, [bn, relu], clamp, relu.outputs[0])
+            self.fused.extend([(bn.name, conv.name), (relu.name, conv.name)])
         return ir.passes.PassResult(model, bool(self.fused))
 
 
@@ -548,6 +650,7 @@ def optimize(
     fusions = [
         FuseConvBatchNorm(),
         FoldChannelAffine(),
+        FoldPreActivation(),
         FuseConvActivation(supports),
         FuseMatMulAdd(supports),
     ]
