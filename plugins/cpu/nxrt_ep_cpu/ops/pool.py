@@ -178,11 +178,14 @@ def _reduce_last_axis(
             target = acc[..., lo:hi]
             ufunc(target, y[..., lo + shift : hi + shift], out=target)
     for column in sorted(edges):  # redo the columns the row-crossing shifts spoiled
-        value = y[..., column + spans[full][2]].copy()
+        target = acc[..., column]
+        first = y[..., column + spans[full][2]]
         for t, (lo, hi, shift) in enumerate(spans):
             if t != full and lo <= column < hi:
-                ufunc(value, y[..., column + shift], out=value)
-        acc[..., column] = value
+                ufunc(first, y[..., column + shift], out=target)
+                first = target
+        if first is not target:
+            np.copyto(target, first)
     return acc
 
 
