@@ -68,7 +68,7 @@ def test_truncated_and_random_bytes_are_invalid_model():
         (
             [helper.make_node("Relu", ["z"], ["w"]), helper.make_node("Relu", ["w"], ["z"])],
             [vi("x", [2])],
-            "",
+            "topologically sorted",
         ),
     ],
     ids=["duplicate-output", "dangling-input", "cycle"],
