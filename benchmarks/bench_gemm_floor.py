@@ -8,12 +8,11 @@ the median time per nxrt run spent inside those calls, and the *floor*: that GEM
 over ORT's whole run, the ratio nxrt would reach if everything around its GEMMs (column
 copies, bias, Relu, pooling, Python) took no time. Convolutions that go through
 ``np.matmul`` instead (depthwise, small groups) are not counted, so on shufflenet the floor
-is an underestimate.
+is an underestimate; the transformers' MatMuls all go through it, so they are left out.
 
 Run::
 
     python benchmarks/bench_gemm_floor.py                      # the nine light models
-    (the transformers' MatMuls go through ``np.matmul``, so they have no floor here)
     python benchmarks/bench_gemm_floor.py --models resnet50 squeezenet
 """
 

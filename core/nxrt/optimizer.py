@@ -63,34 +63,25 @@ class FuseConvBatchNorm(ir.passes.InPlacePass):
             if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx"):
                 continue
             bn = _only_user(conv.outputs[0], graph)
-            if bn is None or bn.op_type != "BatchNormalization" or len(bn.outputs) != 1:
+            if bn is None or bn.inputs[0] is not conv.outputs[0]:
                 continue
-            if bn.inputs[0] is not conv.outputs[0] or _training(bn):
-                continue
+            affine, (known, bias) = _batch_norm_affine(bn), _conv_bias(conv)
             weights = _constant(conv.inputs[1])
-            params = [_constant(v) for v in bn.inputs[1:5]]
-            bias = _constant(conv.inputs[2]) if len(conv.inputs) > 2 else None
-            if weights is None or any(p is None for p in params):
+            if weights is None or affine is None or not known:
                 continue
-            if len(conv.inputs) > 2 and conv.inputs[2] is not None and bias is None:
-                continue
-            scale, offset, mean, var = (p.astype(np.float64) for p in params)
-            epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
-            factor = scale / np.sqrt(var + epsilon)
+            factor, shift = affine
             if factor.shape != (weights.shape[0],):
                 continue
             shape = (-1,) + (1,) * (weights.ndim - 1)
             fused_w = (weights * factor.reshape(shape)).astype(weights.dtype)
             base = bias.astype(np.float64) if bias is not None else 0.0
-            fused_b = ((base - mean) * factor + offset).astype(weights.dtype)
-            w_value = _new_initializer(graph, f"{conv.name or 'conv'}_bn_weight", fused_w)
-            b_value = _new_initializer(graph, f"{conv.name or 'conv'}_bn_bias", fused_b)
-            conv.replace_input_with(1, w_value)
-            if len(conv.inputs) > 2:
-                conv.replace_input_with(2, b_value)
-            else:
-                conv.resize_inputs(3)
-                conv.replace_input_with(2, b_value)
+            fused_b = (base * factor + shift).astype(weights.dtype)
+            stem = conv.name or "conv"
+            _set_conv_parameters(
+                conv,
+                _new_initializer(graph, f"{stem}_bn_weight", fused_w),
+                _new_initializer(graph, f"{stem}_bn_bias", fused_b),
+            )
             out = bn.outputs[0]
             was_output = out in graph.outputs
             out.replace_all_uses_with(conv.outputs[0], replace_graph_outputs=True)
@@ -105,6 +96,40 @@ class FuseConvBatchNorm(ir.passes.InPlacePass):
 def _training(bn: ir.Node) -> bool:
     attr = bn.attributes.get("training_mode")
     return bool(attr.value) if attr is not None else False
+
+
+def _batch_norm_affine(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(a, b)``, float64 per channel, with ``bn(x) = a * x + b``: when ``bn`` is an
+    inference BatchNormalization with constant per-channel statistics, else ``None``."""
+    if not _standard(bn, "BatchNormalization") or len(bn.outputs) != 1 or _training(bn):
+        return None
+    spatial = bn.attributes.get("spatial")  # opset 7's per-activation statistics
+    params = [_constant(v) for v in bn.inputs[1:5]]
+    if (spatial is not None and not spatial.value) or any(p is None for p in params):
+        return None
+    scale, bias, mean, var = (p.astype(np.float64) for p in params)
+    epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
+    factor = scale / np.sqrt(var + epsilon)
+    if factor.ndim != 1:
+        return None
+    return factor, bias - mean * factor
+
+
+def _conv_bias(conv: ir.Node) -> tuple[bool, np.ndarray | None]:
+    """``(known, bias)``: a Conv's constant bias, or ``None`` when it has none; ``known`` is
+    False when the bias is computed at run time."""
+    if len(conv.inputs) < 3 or conv.inputs[2] is None:
+        return True, None
+    bias = _constant(conv.inputs[2])
+    return bias is not None, bias
+
+
+def _set_conv_parameters(conv: ir.Node, weights: ir.Value, bias: ir.Value) -> None:
+    """Point a Conv at new weight and bias initializers (adding the bias input if absent)."""
+    conv.replace_input_with(1, weights)
+    if len(conv.inputs) < 3:
+        conv.resize_inputs(3)
+    conv.replace_input_with(2, bias)
 
 
 def _new_initializer(graph: ir.Graph, stem: str, array: np.ndarray) -> ir.Value:
@@ -303,18 +328,15 @@ class FoldChannelAffine(ir.passes.InPlacePass):
                 continue
             if _standard(node, "Conv"):
                 weights = _constant(node.inputs[1])
-                bias = _constant(node.inputs[2]) if len(node.inputs) > 2 else None
-                if weights is None or (
-                    len(node.inputs) > 2 and node.inputs[2] is not None and bias is None
-                ):
+                known, bias = _conv_bias(node)
+                if weights is None or not known:
                     continue
                 channels, rank = weights.shape[0], weights.ndim
-            elif _standard(node, "BatchNormalization") and len(node.outputs) == 1:
-                params = [_constant(v) for v in node.inputs[1:5]]
+            elif (affine := _batch_norm_affine(node)) is not None:
                 shape = node.outputs[0].shape
-                if _training(node) or any(p is None for p in params) or shape is None:
+                if shape is None:
                     continue
-                channels, rank = params[0].size, len(shape)
+                channels, rank = affine[0].size, len(shape)
             else:
                 continue
             scale, shift = np.ones(channels), np.zeros(channels)
@@ -343,18 +365,17 @@ class FoldChannelAffine(ir.passes.InPlacePass):
                 new_w = (weights * scale.reshape(view)).astype(weights.dtype)
                 base = bias.astype(np.float64) if bias is not None else 0.0
                 new_b = (base * scale + shift).astype(weights.dtype)
-                node.replace_input_with(1, _new_initializer(graph, f"{stem}_affine_w", new_w))
-                if len(node.inputs) < 3:
-                    node.resize_inputs(3)
-                node.replace_input_with(2, _new_initializer(graph, f"{stem}_affine_b", new_b))
+                _set_conv_parameters(
+                    node,
+                    _new_initializer(graph, f"{stem}_affine_w", new_w),
+                    _new_initializer(graph, f"{stem}_affine_b", new_b),
+                )
             else:
-                gamma, beta, mean, var = (p.astype(np.float64) for p in params)
-                epsilon = node.attributes["epsilon"].value if "epsilon" in node.attributes else 1e-5
-                factor = gamma / np.sqrt(var + epsilon)
-                dtype = params[0].dtype
+                factor, offset = affine
+                dtype = _constant(node.inputs[1]).dtype
                 new = [
                     factor * scale,
-                    (beta - mean * factor) * scale + shift,
+                    offset * scale + shift,
                     np.zeros(channels),
                     np.ones(channels),
                 ]
@@ -397,10 +418,7 @@ class FoldPreActivation(ir.passes.InPlacePass):
         if model.opset_imports.get("", 1) < 8:
             return ir.passes.PassResult(model, False)
         for bn in list(graph):
-            if not _standard(bn, "BatchNormalization") or bn.graph is not graph:
-                continue
-            spatial = bn.attributes.get("spatial")
-            if len(bn.outputs) != 1 or _training(bn) or (spatial is not None and not spatial.value):
+            if bn.graph is not graph or (affine := _batch_norm_affine(bn)) is None:
                 continue
             relu = _only_user(bn.outputs[0], graph)
             if relu is None or not _standard(relu, "Relu"):
@@ -408,26 +426,22 @@ class FoldPreActivation(ir.passes.InPlacePass):
             conv = _only_user(relu.outputs[0], graph)
             if conv is None or not _standard(conv, "Conv") or conv.inputs[0] is not relu.outputs[0]:
                 continue
-            weights = _constant(conv.inputs[1])
-            params = [_constant(v) for v in bn.inputs[1:5]]
-            x = bn.inputs[0]
-            if weights is None or weights.ndim < 3 or any(p is None for p in params):
+            weights, (known, conv_bias), x = (
+                _constant(conv.inputs[1]),
+                _conv_bias(conv),
+                bn.inputs[0],
+            )
+            if weights is None or weights.ndim < 3 or not known:
                 continue
             if x.dtype is None or x.dtype.numpy().kind != "f":
                 continue
-            scale, bias, mean, var = (p.astype(np.float64) for p in params)
-            epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
-            factor = scale / np.sqrt(var + epsilon)
+            factor, shift = affine
             group = conv.attributes["group"].value if "group" in conv.attributes else 1
             outputs, per_group = weights.shape[:2]
-            if factor.ndim != 1 or per_group * group != factor.size or outputs % group:
+            if per_group * group != factor.size or outputs % group:
                 continue
             if not (np.all(factor > 0) and np.all(np.isfinite(factor))) or _padded(conv):
                 continue
-            conv_bias = _constant(conv.inputs[2]) if len(conv.inputs) > 2 else None
-            if len(conv.inputs) > 2 and conv.inputs[2] is not None and conv_bias is None:
-                continue
-            shift = bias - mean * factor
             floor = (-shift / factor).astype(x.dtype.numpy())
             if not np.all(np.isfinite(floor)):
                 continue
@@ -445,10 +459,7 @@ class FoldPreActivation(ir.passes.InPlacePass):
                 graph, f"{stem}_preact_floor", floor.reshape(floor_shape)
             )
             clamp = ir.Node("", "Max", [x, floor_value], num_outputs=1, name=relu.name)
-            conv.replace_input_with(1, new_w)
-            if len(conv.inputs) < 3:
-                conv.resize_inputs(3)
-            conv.replace_input_with(2, b_value)
+            _set_conv_parameters(conv, new_w, b_value)
             _replace_chain(graph, [bn, relu], clamp, relu.outputs[0])
             self.fused.extend([(bn.name, conv.name), (relu.name, conv.name)])
         return ir.passes.PassResult(model, bool(self.fused))
