@@ -34,14 +34,13 @@ from nxrt.weight import (
     ResidentWeight,
     WeightHandle,
 )
+from nxrt.weight_binding import EXTERNAL_TENSOR_META, lazy_weight_candidates
 
 _PAGE = mmap.PAGESIZE
 _COPY_CHUNK = 1 << 18  # bytes copied out of a mapping between two page drops
 # Page faults map neighbouring pages too (Linux "fault-around", 64 KiB by default), so
 # drops cover whole windows of this size; other tensors' pages simply fault in again.
 _DROP_WINDOW = max(_PAGE, 1 << 16)
-#: ``Value.meta`` key holding the mmap-backed tensor an initializer was given.
-EXTERNAL_TENSOR_META = "nxrt.external_tensor"
 _ids = itertools.count(1)
 _ids_lock = threading.Lock()
 _by_id: weakref.WeakValueDictionary[int, MappedFile] = weakref.WeakValueDictionary()
@@ -421,8 +420,6 @@ def resolve_external_data(model: ir.Model, base_dir: str | None) -> dict[str, We
     external initializers get a :class:`WeightHandle`: lazy when only
     ``pkg.nxrt::BlockQuantizedMoE`` weight inputs read it, resident otherwise.
     """
-    from nxrt.weight_binding import lazy_weight_candidates
-
     holders = [
         (name, holder, attr)
         for name, holder, attr in _tensor_holders(model)

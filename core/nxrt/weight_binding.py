@@ -30,6 +30,9 @@ from nxrt.weight import (
 if TYPE_CHECKING:
     from nxrt.provider import ExecutionProvider
 
+#: ``Value.meta`` key under which loading records the mmap-backed tensor an initializer was
+#: given; a handle still applies only while the value holds that very tensor.
+EXTERNAL_TENSOR_META = "nxrt.external_tensor"
 #: Input positions of ``BlockQuantizedMoE`` that hold expert weights (all after X and logits).
 MOE_WEIGHT_INPUTS = range(2, 8)
 
@@ -100,8 +103,6 @@ def negotiate_weights(
     (not inside a claimed subgraph) on one host-memory EP advertising
     ``"nxrt"``; otherwise it is materialised.
     """
-    from nxrt.external_data import EXTERNAL_TENSOR_META
-
     candidates = lazy_weight_candidates(graph)
     stock = ExecutionProviderCapabilities.stock()
     constants: dict[str, LazyWeight | np.ndarray] = {}
@@ -125,6 +126,7 @@ def negotiate_weights(
 
 
 __all__ = [
+    "EXTERNAL_TENSOR_META",
     "MOE_WEIGHT_INPUTS",
     "LazyWeightCandidate",
     "delivered",
