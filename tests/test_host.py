@@ -271,6 +271,7 @@ def test_hook_order_of_session_creation(cpu_pm, hook_recorder):
     assert hook_recorder.names() == [
         "nxrt_register",
         "nxrt_ep_capabilities",
+        "nxrt_optimizer_passes",
         "nxrt_claim_subgraphs",
         "nxrt_match_kernel",
         "nxrt_claim_subgraphs",

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
 import nxrt_ep_legacy_abi.plugin as legacy_plugin
+from nxrt.claims import group_claims
 from nxrt.epcontext import build_ep_context_registry
 from nxrt.errors import EpLoadFailed, KernelFailed
 from nxrt.host import Host
@@ -23,7 +24,6 @@ from nxrt.partition import claim_boundary
 from nxrt.provider import EpConfig
 from nxrt.registry import OpRegistry
 from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin
-from nxrt_ep_legacy_abi.capability import group_claims
 from nxrt_ep_legacy_abi.provider import LIBRARIES_ENV
 
 RTOL, ATOL = 1e-3, 1e-4

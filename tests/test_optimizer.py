@@ -168,10 +168,13 @@ def test_conv_block_becomes_one_fused_conv(activation):
 
 
 def test_fused_ops_are_made_only_for_an_ep_that_has_them():
-    from nxrt.optimizer import optimize
+    from nxrt.optimizer import run_passes
+    from nxrt.provider import ExecutionProvider
+    from nxrt.registry import OpRegistry
+    from nxrt_ep_cpu.fusions import cpu_passes
 
     model = ir.from_proto(onnx.shape_inference.infer_shapes(residual_block()))
-    folded, fused = optimize(model, lambda node: None, supports=None)
+    run_passes(model, cpu_passes(ExecutionProvider(ops=OpRegistry("no fused kernels"))))
     ops = [node.op_type for node in model.graph]
     assert ops == ["Conv", "Add", "Relu"]  # BN, Mul and Add folded into the weights only
     assert all(node.domain in ("", "ai.onnx") for node in model.graph)

@@ -1,6 +1,6 @@
 """``nxrt compile``: save compiled partitions as ONNX Runtime-style EPContext nodes.
 
-The model is partitioned and compiled by a real session; each compiled claim
+The model is partitioned and compiled by the session-creation pipeline; each compiled claim
 whose EP can save it becomes one ``com.microsoft::EPContext`` node, every
 other node stays as it was. The input model is never touched and the output
 is written atomically (a temporary file in the same folder, then a rename).
@@ -47,18 +47,19 @@ def compile_model(
     :param embed_mode: 1 puts each blob inside the model; 0 writes it to a
         file next to ``output_path`` and records the file's name.
     """
-    from nxrt.session import GraphOptimizationLevel, InferenceSession, SessionOptions
+    from nxrt import default_plugin_manager, pipeline
 
     source, output = os.path.abspath(model_path), os.path.abspath(output_path)
     if embed_mode not in (0, 1):
         raise InvalidArgument(f"embed_mode must be 0 or 1, not {embed_mode!r}")
     if os.path.exists(output) and os.path.samefile(source, output):
         raise InvalidArgument("the output path is the input model; choose another file name")
-    options = SessionOptions()
     # Compile the graph as the model has it, so uncompiled nodes are written back unchanged.
-    options.graph_optimization_level = GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = InferenceSession(
-        source, options, providers=list(providers), plugin_manager=plugin_manager
+    state = pipeline.create(
+        source,
+        pipeline.provider_requests(list(providers)),
+        pipeline.CreateOptions(optimize=False),
+        plugin_manager or default_plugin_manager(),
     )
     proto = read_proto(source)
     if any(t.HasField("data_location") and t.data_location for t in proto.graph.initializer):
@@ -66,8 +67,8 @@ def compile_model(
     report = CompileReport(output)
     replaced: dict[str, onnx.NodeProto] = {}  # first output of a claimed node -> its EPContext
     claimed: set[str] = set()
-    for claim, ep, owner, kernel in session.compiled_partitions():
-        context = session._host.save_context(ep, owner, claim, kernel)
+    for claim, ep, owner, kernel in state.compiled_partitions():
+        context = state.host.save_context(ep, owner, claim, kernel)
         if context is None:
             report.not_saved.append((claim.name, ep.id, "the EP does not save contexts"))
             continue

@@ -44,10 +44,13 @@ class EpPanicked(NxrtError):
 
     def __init__(self, *, node: str = "", op_type: str = "", ep: str = "", cause: str = "") -> None:
         self.node, self.op_type, self.ep, self.cause = node, op_type, ep, cause
-        where = f" in node {node!r} ({op_type}) on EP {ep!r}" if node or op_type else ""
+        if node:
+            where = f" in node {node!r} ({op_type})"
+        else:
+            where = f" on a {op_type} node" if op_type else ""
         super().__init__(
-            f"EP panicked during execution{where}: {cause}. This is a bug in the EP; "
-            "report it to the EP's authors (the session is still usable)."
+            f"EP {ep!r} failed{where}: {cause}. This is a bug in the EP; report it to the "
+            "EP's authors (every other EP, and a created session, keep working)."
         )
 
 
@@ -131,6 +134,19 @@ class InvalidModel(NxrtError):
     """The model cannot be parsed, fails the checker, or its graph is malformed."""
 
 
+class InvalidPlacement(NxrtError):
+    """The EPs' claims cannot be run in any order (a bug in an EP's claims)."""
+
+    def __init__(self, claims: list[str], detail: str = "") -> None:
+        self.claims = claims
+        names = ", ".join(repr(c) for c in claims) or "none"
+        super().__init__(
+            f"the placement cannot be scheduled: claims {names} depend on each other in a "
+            f"cycle{': ' + detail if detail else ''}. Report it to the authors of those EPs; "
+            "run without one of them (providers=[...]) meanwhile."
+        )
+
+
 class InvalidArgument(NxrtError, ValueError):
     """A call was given a value it cannot use (feeds, options, providers...)."""
 
@@ -172,6 +188,7 @@ __all__ = [
     "EpLoadFailed",
     "EpPanicked",
     "InvalidArgument",
+    "InvalidPlacement",
     "InvalidExternalData",
     "InvalidModel",
     "InvalidResident",

@@ -62,21 +62,6 @@ class CopyKernel(Kernel):
         return (value,)
 
 
-def direct_call(kernel: Kernel) -> Callable[..., Any]:
-    """The callable the fast loop uses: ``kernel.direct_call`` when the kernel offers one.
-
-    A direct call takes the inputs as positional arguments and returns one
-    value, or a tuple for several outputs; it saves the list and tuple that
-    ``compute`` builds per call. Kernels without one are called through
-    ``compute``.
-    """
-    call = getattr(kernel, "direct_call", None)
-    if callable(call):
-        return call
-    compute = kernel.compute
-    return lambda *inputs: compute(inputs)
-
-
 def _input_getter(slots: Sequence[int]) -> Callable[[list[Any]], Sequence[Any]]:
     """An ``itemgetter`` returning a step's inputs as a sequence, whatever their count."""
     if len(slots) == 1:
@@ -89,9 +74,8 @@ def _input_getter(slots: Sequence[int]) -> Callable[[list[Any]], Sequence[Any]]:
 
 def _failure(step: Step, exc: BaseException) -> NxrtError:
     """The error a failing step raises: its kernel's translation, then node and EP added."""
-    translate = getattr(step.kernel, "translate_error", None)
-    if translate is not None and not isinstance(exc, NxrtError):
-        translated = translate(exc)
+    if not isinstance(exc, NxrtError):
+        translated = step.kernel.translate_error(exc)
         if translated is not None and translated is not exc:
             translated.__cause__ = exc
             exc = translated
@@ -146,7 +130,7 @@ class Plan:
             self._template[slot] = value
         self._fast = [
             (
-                direct_call(step.kernel),
+                step.kernel.direct_call,
                 _input_getter(step.inputs),
                 tuple(sink if s == NO_SLOT else s for s in step.outputs) or (sink,),
                 tuple(step.frees),

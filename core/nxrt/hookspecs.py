@@ -35,6 +35,7 @@ Session creation calls the hooks in this order:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -196,6 +197,42 @@ def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> Kerne
 
 
 # -------------------------------------------------------------------------------------------------
+# optimizer passes
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def nxrt_optimizer_passes(ep: ExecutionProvider) -> Sequence[ir.passes.PassBase] | None:
+    """Contribute graph rewrites (fusions) that serve this EP's kernels.
+
+    Called once per session, for the session's first EP only, after core's
+    EP-neutral passes (constant folding) and before partitioning. The first
+    EP is offered every node before any other, so its fusions never take a
+    node away from an EP ahead of it; later EPs see the graph it left.
+
+    :param ep: The session's first EP, initialised.
+
+    :returns: ``onnx_ir`` passes (``ir.passes.PassBase``; in-place passes are
+        the common case), run in order through ``onnx_ir``'s pass manager,
+        each pass's ``requires`` / ``ensures`` checked, then core's graph
+        validation; or ``None`` for EPs your plugin does not provide. A pass
+        may list what it rewrote in a ``fused`` attribute of ``(node, into)``
+        pairs, which the partition report shows.
+
+    Stops at the first non-``None`` result.
+
+    Ownership: the host asks only the plugin that registered ``ep``.
+
+    If this hook or one of its passes raises, the session is created from
+    the graph as it was before that EP's passes (nothing half-rewritten) and
+    the failure is recorded against the plugin (raised under
+    ``NXRT_STRICT_PLUGINS=1``).
+
+    .. versionadded:: 0.1
+    """
+
+
+# -------------------------------------------------------------------------------------------------
 # EPContext
 # -------------------------------------------------------------------------------------------------
 
@@ -264,6 +301,7 @@ __all__ = [
     "nxrt_ep_capabilities",
     "nxrt_load_context",
     "nxrt_match_kernel",
+    "nxrt_optimizer_passes",
     "nxrt_register",
     "nxrt_save_context",
 ]

@@ -17,6 +17,7 @@ Switches (named after pytest's):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -251,6 +252,7 @@ class Host:
         nodes: list[ir.Node],
         opsets: dict[str, int] | None = None,
     ) -> list[SubgraphClaim]:
+        """The EP's claims; a raising or malformed answer is no claim, and a recorded failure."""
         try:
             caller = self._caller("nxrt_claim_subgraphs", owner)
             claims = caller(ep=ep, graph=graph, nodes=nodes, opsets=dict(opsets or {}))
@@ -261,22 +263,66 @@ class Host:
                 raise TypeError("nxrt_claim_subgraphs must return a list of SubgraphClaim")
             return claims
         except Exception as exc:  # noqa: BLE001
-            self.failures.append(EpPanicked(ep=ep.id, cause=f"claiming subgraphs: {exc!r}"))
+            self.hook_failed(exc, ep=ep.id, cause=f"claiming subgraphs: {exc!r}")
             return []
 
     def match_kernel(
         self, ep: ExecutionProvider, owner: str, node: ir.Node, opset: int
     ) -> KernelMatch:
+        """The EP's answer for one node, with the kernel entry the planner will build from.
+
+        A supported answer without an entry gets the EP's registered kernel for
+        the op; an EP that says yes but has no such kernel is refused (and its
+        plugin's failure recorded), so the node goes to the next EP.
+        """
         try:
             match = self._caller("nxrt_match_kernel", owner)(ep=ep, node=node, opset=opset)
+            if match is None:
+                return KernelMatch.no(f"EP {ep.id!r} has no kernel table")
+            if not isinstance(match, KernelMatch):
+                raise TypeError(
+                    f"nxrt_match_kernel must return a KernelMatch, got {type(match).__name__}"
+                )
+            if match.supported and match.entry is None:
+                entry = ep.ops.lookup(node.domain, node.op_type, opset) if ep.ops else None
+                if entry is None:
+                    raise LookupError(
+                        f"nxrt_match_kernel said EP {ep.id!r} runs {node.op_type} at opset "
+                        f"{opset}, but the EP registered no kernel for it (add_kernels)"
+                    )
+                match = dataclasses.replace(match, entry=entry, key=match.key or entry.key)
+            return match
         except Exception as exc:  # noqa: BLE001
-            self.failures.append(EpPanicked(ep=ep.id, op_type=node.op_type, cause=repr(exc)))
-            return KernelMatch.no(f"nxrt_match_kernel raised {exc!r}")
-        if match is None:
-            return KernelMatch.no(f"EP {ep.id!r} has no kernel table")
-        if not isinstance(match, KernelMatch):
-            return KernelMatch.no(f"nxrt_match_kernel returned {type(match).__name__}")
-        return match
+            self.hook_failed(exc, ep=ep.id, op_type=node.op_type, cause=repr(exc))
+            return KernelMatch.no(f"nxrt_match_kernel failed: {exc}")
+
+    def hook_failed(self, exc: BaseException, **where: str) -> None:
+        """Record a hook's failure during session creation; raise it in strict mode."""
+        failure = EpPanicked(**where)
+        if _strict():
+            raise failure from exc
+        self.failures.append(failure)
+
+    # -- optimizer passes --------------------------------------------------------------------
+    def optimizer_passes(self, ep: ExecutionProvider, owner: str) -> list[Any]:
+        """The graph passes the EP contributes (empty when its plugin has none)."""
+        import onnx_ir as ir
+
+        try:
+            passes = self._caller("nxrt_optimizer_passes", owner)(ep=ep)
+            if passes is None:
+                return []
+            passes = list(passes)
+            for item in passes:
+                if not isinstance(item, ir.passes.PassBase):
+                    raise TypeError(
+                        "nxrt_optimizer_passes must return onnx_ir passes, got "
+                        f"{type(item).__name__}"
+                    )
+            return passes
+        except Exception as exc:  # noqa: BLE001
+            self.hook_failed(exc, ep=ep.id, cause=f"contributing optimizer passes: {exc!r}")
+            return []
 
     # -- EPContext ---------------------------------------------------------------------------
     def save_context(

@@ -12,12 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from nxrt.registry import OpKey
+    from nxrt.registry import KernelEntry, OpKey
 
 #: Trace argument names, as the seed's kernel module exports them.
 ARG_FLOPS = "flops"
@@ -40,16 +38,26 @@ class Cost:
 
 @dataclass(frozen=True)
 class KernelMatch:
-    """An EP's answer to "can you run this node?": a cost, or a reason it cannot."""
+    """An EP's answer to "can you run this node?": a cost, or a reason it cannot.
+
+    A supported match carries the registry ``entry`` it matched, so the
+    planner builds the kernel from it without looking the op up again; the
+    host fills it from the EP's kernel table when a plugin answers without one.
+    """
 
     supported: bool
     cost: Cost | None = None
     reason: str = ""
     key: OpKey | None = None
+    entry: KernelEntry | None = None
 
     @classmethod
-    def yes(cls, cost: Cost, key: OpKey | None = None) -> KernelMatch:
-        return cls(True, cost=cost, key=key)
+    def yes(
+        cls, cost: Cost, key: OpKey | None = None, entry: KernelEntry | None = None
+    ) -> KernelMatch:
+        if key is None and entry is not None:
+            key = entry.key
+        return cls(True, cost=cost, key=key, entry=entry)
 
     @classmethod
     def no(cls, reason: str) -> KernelMatch:
@@ -59,9 +67,21 @@ class KernelMatch:
 class Kernel:
     """Computes outputs from inputs; created once per node at session creation.
 
-    ``compute`` receives one array (or ``None`` for an absent optional input)
-    per input and returns a tuple with one array per output. Kernels must not
-    modify their inputs and must be safe to call from several threads.
+    The whole contract between a kernel and the executor:
+
+    - :meth:`compute` receives one array (or ``None`` for an absent optional
+      input) per input and returns a tuple with one array per output;
+    - :attr:`direct_call` is what the executor's loop actually calls: the
+      inputs as positional arguments, one value or a tuple back. The default
+      wraps ``compute``; a kernel that is one plain function returns it, which
+      saves a list and a tuple per call;
+    - :meth:`translate_error` turns an exception the call raised into the
+      error the user sees (the executor then adds node, op and EP to it);
+    - :attr:`variant` / :attr:`variant_reason` (trace arguments) and
+      :attr:`view_output` describe the kernel to the profiler and planner.
+
+    Kernels must not modify their inputs and must be safe to call from
+    several threads at once.
     """
 
     #: Which implementation was chosen for the node's shapes, and why (trace args).
@@ -72,6 +92,16 @@ class Kernel:
 
     def compute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         raise NotImplementedError
+
+    @property
+    def direct_call(self) -> Callable[..., Any]:
+        """The callable the executor's loop calls (inputs positional; a value or a tuple)."""
+        compute = self.compute
+        return lambda *inputs: compute(inputs)
+
+    def translate_error(self, exc: BaseException) -> BaseException:
+        """The error to raise for ``exc`` (default: ``exc`` itself, an EP bug)."""
+        return exc
 
 
 class FunctionKernel(Kernel):
@@ -91,6 +121,10 @@ class FunctionKernel(Kernel):
         self.view_output = view_output
         self.variant, self.variant_reason = variant, variant_reason
         self._call = functools.partial(fn, **attrs) if attrs else fn
+
+    @property
+    def direct_call(self) -> Callable[..., Any]:
+        return self._call
 
     def compute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         out = self._call(*inputs)
@@ -146,11 +180,3 @@ def attribute_values(
             value = list(value)
         values[name] = value
     return values
-
-
-def storage_bytes(dtype: np.dtype, shape: Sequence[int]) -> int:
-    """Bytes a dense tensor of ``shape`` occupies."""
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count * np.dtype(dtype).itemsize

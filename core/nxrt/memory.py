@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from nxrt.errors import InvalidArgument, OutOfMemory
 
@@ -127,3 +129,30 @@ def parse_bytes(value: int | str | None) -> int | None:
 
 
 __all__ = ["MemoryGovernor", "parse_bytes"]
+
+
+class Workspace:
+    """Scratch buffers an EP's kernels borrow for one call and give back, reused across runs.
+
+    Keys say what a buffer is (shape, dtype, layout); concurrent runs simply
+    get more buffers, since a taken buffer belongs to one call until it is
+    given back. Conv's zero-bordered inputs, for one, pay for their zero
+    padding once instead of on every run.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[Hashable, list[Any]] = {}
+
+    def take(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """A free buffer for ``key``, or a new one from ``make()``."""
+        free = self._free.get(key)
+        if free:
+            try:
+                return free.pop()
+            except IndexError:
+                pass  # another thread took the last one
+        return make()
+
+    def give(self, key: Hashable, buffer: Any) -> None:
+        """Return a buffer taken for ``key``."""
+        self._free.setdefault(key, []).append(buffer)

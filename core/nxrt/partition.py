@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nxrt.errors import NoEpForOp
+from nxrt.claims import claim_boundary, node_inputs
+from nxrt.errors import InvalidPlacement, NoEpForOp
 from nxrt.kernel import KernelMatch, SubgraphClaim
 from nxrt.model import opset_of
 from nxrt.registry import normalize_domain
@@ -159,10 +160,11 @@ def partition(
             node_ep[i], node_claim[i] = claim.ep, len(report.claims)
             report.claims.append(claim)
 
+    edges = Edges(nodes)
     for ep, owner in eps:
         free = [n for n in nodes if node_ep[position[id(n)]] is None]
         for claim in host.claim_subgraphs(ep, owner, graph, free, opsets):
-            reason = check_claim(claim, nodes, position, node_ep)
+            reason = check_claim(claim, nodes, position, node_ep, edges, node_claim)
             if reason:
                 report.refused_claims.append((claim.name or ep.id, reason))
                 continue
@@ -205,17 +207,39 @@ def partition(
     return Placement(report, node_ep, node_claim, matches)  # type: ignore[arg-type]
 
 
+class Edges:
+    """Producer -> consumer edges between a graph's nodes, by position.
+
+    Values that a node's subgraphs capture from the graph count as inputs of
+    that node, so a claim and a control-flow node reading its result are
+    ordered correctly.
+    """
+
+    def __init__(self, nodes: Sequence[ir.Node]) -> None:
+        position = {id(n): i for i, n in enumerate(nodes)}
+        self.preds: list[set[int]] = [set() for _ in nodes]
+        self.succs: list[set[int]] = [set() for _ in nodes]
+        for i, node in enumerate(nodes):
+            for value in node_inputs(node):
+                producer = value.producer()
+                j = position.get(id(producer)) if producer is not None else None
+                if j is not None and j != i:
+                    self.preds[i].add(j)
+                    self.succs[j].add(i)
+
+
 def schedule(placement: Placement, nodes: list[ir.Node]) -> list[int]:
     """Node positions in run order, each claim contracted into one unit.
 
     A claim runs where all it reads is ready, which need not be where its
     first node stands; this is Kahn's order over the contracted graph,
     keeping the graph's own order wherever it is free to. A claim appears
-    once, as the position of its first node.
+    once, as the position of its first node. Claims that depend on each
+    other in a cycle cannot be ordered: :class:`InvalidPlacement` names them.
     """
     import heapq
 
-    position = {id(n): i for i, n in enumerate(nodes)}
+    edges = Edges(nodes)
     unit = [
         ("claim", c) if c is not None else ("node", i) for i, c in enumerate(placement.node_claim)
     ]
@@ -223,10 +247,9 @@ def schedule(placement: Placement, nodes: list[ir.Node]) -> list[int]:
     for i, key in enumerate(unit):
         first.setdefault(key, i)
     depends: dict[tuple[str, int], set[tuple[str, int]]] = {key: set() for key in first}
-    for i, node in enumerate(nodes):
-        for pred in node.predecessors():
-            j = position.get(id(pred))
-            if j is not None and unit[j] != unit[i]:
+    for i in range(len(nodes)):
+        for j in edges.preds[i]:
+            if unit[j] != unit[i]:
                 depends[unit[i]].add(unit[j])
     users: dict[tuple[str, int], list[tuple[str, int]]] = {key: [] for key in first}
     for key, deps in depends.items():
@@ -243,6 +266,13 @@ def schedule(placement: Placement, nodes: list[ir.Node]) -> list[int]:
             pending[user] -= 1
             if pending[user] == 0:
                 heapq.heappush(ready, (first[user], user))
+    if len(order) != len(first):
+        stuck = sorted({key[1] for key, count in pending.items() if count and key[0] == "claim"})
+        claims = placement.report.claims
+        raise InvalidPlacement(
+            [claims[c].name or claims[c].ep for c in stuck],
+            f"{len(first) - len(order)} of {len(first)} units were never ready",
+        )
     return order
 
 
@@ -251,8 +281,15 @@ def check_claim(
     nodes: list[ir.Node],
     position: dict[int, int],
     node_ep: list[str | None],
+    edges: Edges | None = None,
+    node_claim: Sequence[int | None] = (),
 ) -> str:
-    """Why a claim cannot be accepted ('' when it can)."""
+    """Why a claim cannot be accepted ('' when it can).
+
+    ``node_claim`` gives the earlier accepted claim of each node (by
+    position), which the cycle check contracts too: two claims can each be
+    acyclic and still form a cycle between them.
+    """
     if not claim.nodes:
         return "the claim is empty"
     members: set[int] = set()
@@ -262,51 +299,47 @@ def check_claim(
         if node_ep[position[id(node)]] is not None:
             return f"node {node.name!r} is already placed on {node_ep[position[id(node)]]}"
         members.add(position[id(node)])
-    if creates_cycle(members, nodes, position):
-        return "contracting the claim into one node would create a cycle"
+    earlier: dict[int, set[int]] = {}
+    for i, c in enumerate(node_claim):
+        if c is not None:
+            earlier.setdefault(c, set()).add(i)
+    if creates_cycle(members, nodes, position, edges, list(earlier.values())):
+        return "contracting the claim into one node would create a cycle" + (
+            " with the claims accepted before it" if earlier else ""
+        )
     return ""
 
 
-def creates_cycle(members: set[int], nodes: list[ir.Node], position: dict[int, int]) -> bool:
-    """True if a path leaves the claim and comes back into it."""
-    outside_reached: set[int] = set()
-    frontier = [
-        position[id(user)]
-        for m in members
-        for user in nodes[m].successors()
-        if id(user) in position and position[id(user)] not in members
-    ]
+def creates_cycle(
+    members: set[int],
+    nodes: list[ir.Node],
+    position: dict[int, int],
+    edges: Edges | None = None,
+    contracted: Sequence[set[int]] = (),
+) -> bool:
+    """True if a path leaves the claim and comes back into it.
+
+    Each set in ``contracted`` (earlier claims, by position) counts as one
+    node: reaching any of its members reaches all of their successors.
+    """
+    edges = edges or Edges(nodes)
+    group_of = {i: k for k, group in enumerate(contracted) for i in group}
+    expanded: set[int] = set()
+    seen: set[int] = set()
+    frontier = [j for m in members for j in edges.succs[m] if j not in members]
     while frontier:
         i = frontier.pop()
-        if i in outside_reached:
+        if i in members:
+            return True
+        if i in seen:
             continue
-        outside_reached.add(i)
-        for user in nodes[i].successors():
-            j = position.get(id(user))
-            if j is None:
-                continue
-            if j in members:
-                return True
-            frontier.append(j)
+        seen.add(i)
+        reached = [i]
+        k = group_of.get(i)
+        if k is not None and k not in expanded:
+            expanded.add(k)
+            reached = list(contracted[k])
+            seen.update(reached)
+        for r in reached:
+            frontier.extend(edges.succs[r])
     return False
-
-
-def claim_boundary(claim: SubgraphClaim, graph: ir.Graph) -> tuple[list[str], list[str]]:
-    """The value names a claim reads from outside and those read after it."""
-    inside = {id(n) for n in claim.nodes}
-    produced = {v.name for n in claim.nodes for v in n.outputs if v.name}
-    graph_outputs = {v.name for v in graph.outputs}
-    inputs: list[str] = []
-    outputs: list[str] = []
-    for node in claim.nodes:
-        for value in node.inputs:
-            if value is not None and value.name and value.name not in produced:
-                if value.name not in inputs:
-                    inputs.append(value.name)
-        for value in node.outputs:
-            if not value.name:
-                continue
-            used_outside = any(id(user) not in inside for user, _ in value.uses())
-            if (used_outside or value.name in graph_outputs) and value.name not in outputs:
-                outputs.append(value.name)
-    return inputs, outputs

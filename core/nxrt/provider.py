@@ -8,7 +8,6 @@ override the buffer and copy methods, and EPs that fuse override ``compile``.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ import numpy as np
 
 from nxrt.errors import NotInitialized, UnsupportedContext
 from nxrt.kernel import FunctionKernel, Kernel, SubgraphClaim, attribute_values
+from nxrt.memory import Workspace
 from nxrt.registry import OUTPUT_COUNT
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from nxrt.epcontext import EpContext
     from nxrt.host_parallel import HostParallel
     from nxrt.registry import KernelEntry, OpRegistry
+    from nxrt.residency import ExpertResidencyManager
 
 #: An EP's identifier, e.g. ``"cpu"``.
 EpId = str
@@ -40,25 +41,16 @@ class EpConfig:
     threads: int | None = None
 
 
-class Fence:
-    """Signals completion of device work; host EPs complete synchronously."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def signal(self) -> None:
-        self._event.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
-
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
-
 class ExecutionProvider:
-    """Base class of every EP; a subclass sets ``id`` and ``device_type``."""
+    """Base class of every EP; a subclass sets ``id`` and ``device_type``.
+
+    What the session sets before ``initialize``: ``id``, ``parallel`` (its
+    thread pool), ``subgraph_compiler`` (for If/Loop/Scan bodies) and ``ops``
+    (the kernel table the plugin registered, when the EP has none of its own).
+    What kernels may use for the EP's lifetime: ``workspace`` (scratch buffers
+    reused across runs) and ``expert_residency`` (the expert pager of
+    ``pkg.nxrt::BlockQuantizedMoE``, made by the first such kernel).
+    """
 
     id: EpId = ""
     device_type: str = "cpu"
@@ -73,6 +65,10 @@ class ExecutionProvider:
         self.parallel: HostParallel | None = None
         #: Turns a graph attribute into a callable Subgraph (set by the session).
         self.subgraph_compiler: Callable[[ir.Graph], Any] | None = None
+        #: Scratch buffers kernels borrow for one call and give back (reused across runs).
+        self.workspace = Workspace()
+        #: Pages experts of BlockQuantizedMoE nodes in under a byte budget (one per EP).
+        self.expert_residency: ExpertResidencyManager | None = None
         self._initialized = False
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -90,8 +86,14 @@ class ExecutionProvider:
 
     # -- kernels ------------------------------------------------------------------------------
     def create_kernel(self, node: ir.Node, entry: KernelEntry) -> Kernel:
-        """Build the kernel for ``node`` from its registry entry (attributes bound once)."""
+        """Build the kernel for ``node`` from its registry entry (attributes bound once).
+
+        An entry registered with a ``factory`` builds its own kernel from the EP
+        and the node (kernels that plan per shape or share EP state).
+        """
         self._require_initialized()
+        if entry.factory is not None:
+            return entry.factory(self, node)
         attrs = self.kernel_attributes(node, entry)
         return FunctionKernel(entry.fn, attrs, view_output=entry.view_output)
 
@@ -107,16 +109,15 @@ class ExecutionProvider:
         """Compile a claimed subgraph into one kernel; EPs that claim must override it."""
         raise NotImplementedError(f"EP {self.id!r} made a claim but does not implement compile()")
 
+    def save_context(self, claim: SubgraphClaim, kernel: Kernel) -> EpContext:
+        """Turn a compiled partition into an EPContext (EPs advertising ``"epcontext"``)."""
+        raise UnsupportedContext(self.id)
+
     def load_context(self, context: EpContext) -> Kernel:
         """Rebuild a compiled partition from a saved EPContext."""
         raise UnsupportedContext(self.id)
 
     # -- memory -------------------------------------------------------------------------------
-    def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        """A device buffer for a tensor; host memory for the base class."""
-        self._require_initialized()
-        return np.empty(shape, dtype)
-
     def copy_from_host(self, array: np.ndarray) -> Any:
         """Move a host array to this device (identity for host EPs)."""
         return array
@@ -124,12 +125,6 @@ class ExecutionProvider:
     def copy_to_host(self, value: Any) -> np.ndarray:
         """Bring a device value back to a numpy array (identity for host EPs)."""
         return np.asarray(value)
-
-    def fence(self) -> Fence:
-        """A fence signalled once queued work is done; immediate for host EPs."""
-        fence = Fence()
-        fence.signal()
-        return fence
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} id={self.id!r} device={self.device_type!r}>"

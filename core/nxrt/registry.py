@@ -28,6 +28,7 @@ from nxrt.kernel import Cost, KernelMatch
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from nxrt.kernel import Kernel
     from nxrt.provider import EpConfig, ExecutionProvider
 
 #: Both spellings of the default ONNX domain.
@@ -54,6 +55,9 @@ class OpKey:
 
 #: A cost estimate from a node's input and output shapes (None where unknown).
 CostFunction = Callable[["ir.Node"], Cost]
+#: Builds a node's kernel from the EP and the node, for kernels that are not one bound
+#: function (they plan per shape, or share state held by the EP).
+KernelFactory = Callable[["ExecutionProvider", "ir.Node"], "Kernel"]
 
 
 @dataclass
@@ -65,6 +69,7 @@ class KernelEntry:
     const_inputs: tuple[int, ...] = ()
     view_output: int | None = None
     cost: CostFunction | None = None
+    factory: KernelFactory | None = None
 
     @functools.cached_property
     def takes_output_count(self) -> bool:
@@ -95,8 +100,13 @@ class OpRegistry:
         const_inputs: Sequence[int] = (),
         view_output: int | None = None,
         cost: CostFunction | None = None,
+        factory: KernelFactory | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator registering ``fn`` for ``op_type`` from each version in ``since``."""
+        """Decorator registering ``fn`` for ``op_type`` from each version in ``since``.
+
+        ``factory(ep, node)``, when given, builds the node's kernel instead of
+        binding ``fn`` to the node's attributes.
+        """
         versions = (since,) if isinstance(since, int) else tuple(since)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -108,6 +118,7 @@ class OpRegistry:
                         tuple(const_inputs),
                         view_output,
                         cost,
+                        factory,
                     )
                 )
             return fn
@@ -158,7 +169,7 @@ class OpRegistry:
             if value is not None and value.const_value is None:
                 return KernelMatch.no(f"input {index} of {node.op_type} must be a constant")
         cost = entry.cost(node) if entry.cost else estimate_cost(node)
-        return KernelMatch.yes(cost, entry.key)
+        return KernelMatch.yes(cost, entry=entry)
 
     def keys(self) -> Iterator[OpKey]:
         for versions in self._entries.values():

@@ -9,6 +9,7 @@ from nxrt.weight import ExecutionProviderCapabilities
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+    from onnx_ir.passes import PassBase
 
     from nxrt.kernel import KernelMatch
     from nxrt.provider import EpConfig, ExecutionProvider
@@ -51,3 +52,12 @@ def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> Kerne
     if ep.id != EP_ID or ep.ops is None:
         return None
     return ep.ops.match(node, opset)
+
+
+@nxrt.hookimpl
+def nxrt_optimizer_passes(ep: ExecutionProvider) -> list[PassBase] | None:
+    if ep.id != EP_ID:
+        return None
+    from nxrt_ep_cpu.fusions import cpu_passes
+
+    return cpu_passes(ep)

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nxrt.claims import standalone_model
 from nxrt.errors import KernelFailed
 from nxrt.kernel import Kernel
-from nxrt_ep_legacy_abi.capability import node_inputs
 
 if TYPE_CHECKING:
-    import onnx
     import onnx_ir as ir
 
     from nxrt.kernel import SubgraphClaim
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
 #: Only plain numpy dtypes go that way (ml_dtypes' bfloat16 or int4 arrays are
 #: not laid out as ORT's tensors are).
 EXTERNAL_INITIALIZER_BYTES = 1 << 16
-#: The ``location`` of an initializer handed over in memory.
-IN_MEMORY_LOCATION = "nxrt-in-memory"
 
 #: Builds an ORT session from model bytes and the initializers handed over in memory.
 SessionFactory = Callable[[bytes, Mapping[str, np.ndarray]], Any]
@@ -69,80 +66,6 @@ def _raw_to_numpy(value: Any, dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype)
     buffer = (ctypes.c_uint8 * count).from_address(value.data_ptr())
     return np.frombuffer(buffer, np.uint8).copy().view(dtype).reshape(shape)
-
-
-def standalone_model(
-    claim: SubgraphClaim,
-    graph: ir.Graph,
-    *,
-    external_threshold: int | None = None,
-) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The claim as a model of its own, and the initializers left out of its bytes.
-
-    Graph inputs are the claim's boundary inputs that are not initializers;
-    initializers it reads (also through subgraphs) are copied in, or, when at
-    least ``external_threshold`` bytes, declared as external data and returned
-    separately so the session can use nxrt's array without a copy. The IR
-    version is at least 4, so the initializers are constants ORT may fold.
-    """
-    import onnx_ir as ir
-    from onnx import helper
-
-    values: dict[str, ir.Value] = {}
-    for node in claim.nodes:
-        for value in [*node_inputs(node), *node.outputs]:
-            if value is not None and value.name:
-                values.setdefault(value.name, value)
-    initializers: list[onnx.TensorProto] = []
-    external: dict[str, np.ndarray] = {}
-    graph_inputs: list[onnx.ValueInfoProto] = []
-    for name, value in values.items():
-        if not _is_weight(value):
-            continue
-        tensor = value.const_value
-        if external_threshold is not None and tensor.nbytes >= external_threshold:
-            array = tensor.numpy()
-            if isinstance(array, np.ndarray) and array.dtype.kind in "biuf":
-                external[name] = np.ascontiguousarray(array)
-                initializers.append(_external_tensor(name, value))
-                continue
-        proto = ir.serde.serialize_tensor(tensor)
-        proto.name = name
-        initializers.append(proto)
-    for name in claim.inputs:
-        value = values.get(name)
-        if value is not None and not _is_weight(value):
-            graph_inputs.append(ir.serde.serialize_value(value))
-    graph_outputs = [ir.serde.serialize_value(values[name]) for name in claim.outputs]
-    nodes = [ir.serde.serialize_node(node) for node in claim.nodes]
-    opsets = [
-        helper.make_opsetid(domain, version) for domain, version in graph.opset_imports.items()
-    ]
-    body = helper.make_graph(
-        nodes, claim.name or "legacy_abi_claim", graph_inputs, graph_outputs, initializers
-    )
-    ir_version = max(4, helper.find_min_ir_version_for(opsets, ignore_unknown=True))
-    model = helper.make_model(body, opset_imports=opsets, ir_version=ir_version)
-    model.producer_name = "nxrt-ep-legacy-abi"
-    return model, external
-
-
-def _is_weight(value: ir.Value) -> bool:
-    return value.is_initializer() and value.const_value is not None
-
-
-def _external_tensor(name: str, value: ir.Value) -> onnx.TensorProto:
-    import onnx
-
-    tensor = value.const_value
-    proto = onnx.TensorProto()
-    proto.name = name
-    proto.data_type = int(tensor.dtype)
-    proto.dims.extend(int(d) for d in tensor.shape)
-    proto.data_location = onnx.TensorProto.EXTERNAL
-    entry = proto.external_data.add()
-    entry.key, entry.value = "location", IN_MEMORY_LOCATION
-    return proto
 
 
 class PluginExecutionPlan:
@@ -342,13 +265,17 @@ class PluginCompiledKernel(Kernel):
     ) -> PluginCompiledKernel:
         """Build the standalone model of ``claim`` and its session."""
         model, external = standalone_model(
-            claim, graph, external_threshold=EXTERNAL_INITIALIZER_BYTES
+            claim,
+            graph,
+            external_threshold=EXTERNAL_INITIALIZER_BYTES,
+            producer_name="nxrt-ep-legacy-abi",
         )
         session = make_session(model.SerializeToString(), external)
         del model
 
         def full_bytes() -> bytes:  # rebuilt when a context is saved, never kept
-            return standalone_model(claim, graph)[0].SerializeToString()
+            model = standalone_model(claim, graph, producer_name="nxrt-ep-legacy-abi")[0]
+            return model.SerializeToString()
 
         return cls(
             session,

@@ -9,16 +9,17 @@ op's own is supported too: ``Constant`` (made an initializer), ops with an
 ONNX function body whose ops it has kernels for (inlined), and float16 nodes
 on the CPU provider that have a float32 kernel (ORT inserts Casts). Supported
 nodes are then grouped into maximal weakly-connected sets that stay acyclic
-once each is contracted into one node (:func:`group_claims`).
+once each is contracted into one node (core's :func:`nxrt.claims.maximal_claims`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nxrt.claims import captured_values, nested_graphs
 from nxrt.model import type_string_of
 
 if TYPE_CHECKING:
@@ -271,125 +272,6 @@ def _types_accepted(
             if allowed is not None and actual is not None and actual not in allowed:
                 return False
     return True
-
-
-def nested_graphs(node: ir.Node) -> list[ir.Graph]:
-    """Every graph nested in a node's attributes, at any depth."""
-    found: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        kind = attr.type.name
-        if kind == "GRAPH":
-            graphs = [attr.value]
-        elif kind == "GRAPHS":
-            graphs = list(attr.value)
-        else:
-            continue
-        for graph in graphs:
-            found.append(graph)
-            for inner in graph:
-                found.extend(nested_graphs(inner))
-    return found
-
-
-def captured_values(node: ir.Node, graphs: Sequence[ir.Graph] | None = None) -> list[ir.Value]:
-    """Values of enclosing graphs that a node's subgraphs read (implicit inputs)."""
-    graphs = nested_graphs(node) if graphs is None else graphs
-    inside = {id(g) for g in graphs}
-    seen: dict[int, ir.Value] = {}
-    for graph in graphs:
-        for inner in graph:
-            for value in inner.inputs:
-                if value is not None and value.name and id(value.graph) not in inside:
-                    seen.setdefault(id(value), value)
-    return list(seen.values())
-
-
-def node_inputs(node: ir.Node) -> list[ir.Value]:
-    """Explicit inputs, then values captured by subgraphs."""
-    values = [v for v in node.inputs if v is not None and v.name]
-    return values + captured_values(node) if node.attributes else values
-
-
-class _Groups:
-    """Union-find over group ids."""
-
-    def __init__(self) -> None:
-        self.parent: list[int] = []
-        self.outside: list[set[int]] = []  # groups that reach a member along a path leaving them
-
-    def new(self) -> int:
-        self.parent.append(len(self.parent))
-        self.outside.append(set())
-        return len(self.parent) - 1
-
-    def find(self, g: int) -> int:
-        while self.parent[g] != g:
-            self.parent[g] = self.parent[self.parent[g]]
-            g = self.parent[g]
-        return g
-
-    def reaches_from_outside(self, source: int, target: int) -> bool:
-        return any(self.find(g) == source for g in self.outside[target])
-
-    def union(self, a: int, b: int) -> int:
-        self.parent[b] = a
-        self.outside[a] |= self.outside[b]
-        return a
-
-
-def group_claims(
-    graph_nodes: Sequence[ir.Node], supported: Iterable[ir.Node]
-) -> list[list[ir.Node]]:
-    """Maximal weakly-connected sets of ``supported`` nodes that are safe to contract.
-
-    Contracting a set into one node creates a cycle exactly when a path leaves
-    the set and comes back into it. Walking the graph in topological order,
-    each node records the groups that reach it along a path that has left
-    them; a supported node joins (and merges) the groups of its supported
-    producers unless one of them reaches it that way, or two of them reach
-    each other so. Edges include values captured by subgraphs.
-
-    :param graph_nodes: Every node of the main graph, in topological order.
-    :param supported: The nodes that may be claimed.
-    """
-    supported_ids = {id(n) for n in supported}
-    position = {id(n): i for i, n in enumerate(graph_nodes)}
-    groups = _Groups()
-    group_of: list[int | None] = [None] * len(graph_nodes)
-    reached_by: list[set[int]] = [set() for _ in graph_nodes]
-    for i, node in enumerate(graph_nodes):
-        preds = []
-        for value in node_inputs(node):
-            producer = value.producer()
-            if producer is not None and id(producer) in position:
-                preds.append(position[id(producer)])
-        base = {groups.find(g) for p in preds for g in reached_by[p]}
-        mine: int | None = None
-        if id(node) in supported_ids:
-            candidates = {groups.find(group_of[p]) for p in preds if group_of[p] is not None}
-            for g in sorted(candidates - base):
-                if mine is None:
-                    mine = g
-                elif not groups.reaches_from_outside(g, mine) and not (
-                    groups.reaches_from_outside(mine, g)
-                ):
-                    mine = groups.union(mine, g)
-            if mine is None:
-                mine = groups.new()
-            group_of[i] = mine
-            groups.outside[mine] |= base
-        reach = set(base)
-        for p in preds:
-            if group_of[p] is not None:
-                g = groups.find(group_of[p])
-                if g != mine:
-                    reach.add(g)
-        reached_by[i] = reach
-    members: dict[int, list[ir.Node]] = {}
-    for i, node in enumerate(graph_nodes):
-        if group_of[i] is not None:
-            members.setdefault(groups.find(group_of[i]), []).append(node)
-    return list(members.values())
 
 
 #: Types ORT's Python API cannot hand over: sub-byte tensors, packed in ORT but not in numpy.

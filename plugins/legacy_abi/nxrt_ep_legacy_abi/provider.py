@@ -275,31 +275,17 @@ class LegacyOrtEp(ExecutionProvider):
     # -- capability and claims ------------------------------------------------------------------
     def claim(self, graph: ir.Graph, nodes: Sequence[ir.Node]) -> list[SubgraphClaim]:
         """Claims over the nodes ORT can run: maximal, connected, safe to contract."""
-        from nxrt_ep_legacy_abi.capability import (
-            boundary_refusals,
-            group_claims,
-            normalize_domain,
-        )
+        from nxrt.claims import maximal_claims
+        from nxrt_ep_legacy_abi.capability import boundary_refusals, normalize_domain
 
         self._require_initialized()
         opsets = {normalize_domain(d): int(v) for d, v in graph.opset_imports.items()}
-        refusals: dict[int, str] = {}
-        supported = []
-        for node in nodes:
-            reason = self.capability.refusal(node, opsets)
-            if reason:
-                refusals[id(node)] = reason
-            else:
-                supported.append(node)
-        everything = list(graph)
-        while True:
-            groups = group_claims(everything, supported)
-            crossing = {k: v for group in groups for k, v in boundary_refusals(group).items()}
-            if not crossing:
-                break
-            refusals.update(crossing)
-            supported = [n for n in supported if id(n) not in crossing]
-        self._refusals = refusals
+        groups, self._refusals = maximal_claims(
+            graph,
+            nodes,
+            lambda node: self.capability.refusal(node, opsets),
+            boundary_refusals,
+        )
         return [SubgraphClaim(self.id, group) for group in groups]
 
     def match(self, node: ir.Node, opset: int) -> KernelMatch:

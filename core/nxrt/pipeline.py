@@ -1,0 +1,585 @@
+"""Session creation: one function per stage, small dataclasses between them.
+
+:func:`create` runs the stages in this order; each takes what the stages
+before it made and returns one dataclass:
+
+1. :func:`load` -> :class:`LoadedModel` — parse the path, bytes or
+   ``ModelProto``, run the checker and shape inference (on a copy without the
+   weights' bytes), validate the graph and map external data (mmap, confined
+   to the model's folder).
+2. :func:`select_providers` -> :class:`Selection` — the EPs to use, highest
+   priority first: the caller's ``providers`` list as given (cpu appended as
+   the fallback unless ``session.disable_cpu_ep_fallback`` is set), or, when
+   the caller gives none, the installed EPs in the default order.
+3. :func:`create_providers` -> :class:`Providers` — each selected EP
+   instantiated, initialised, and asked for its capabilities
+   (``nxrt_ep_capabilities``). An EP that fails to start is fatal when the
+   caller named it, skipped (and recorded) otherwise.
+4. :func:`optimize` -> :class:`Optimization` — core's EP-neutral passes
+   (constant folding, computed with the session's own kernels through
+   ``nxrt_match_kernel``, then dead code), then the first EP's
+   ``nxrt_optimizer_passes``. Optimizing needs the EPs' kernels and passes,
+   so it runs after the EPs are chosen; the placement and the plan it shapes
+   are what the selection stage's policies compare.
+5. :func:`place` -> :class:`~nxrt.partition.Placement` — EPContext nodes to
+   the EPs owning their sources (``nxrt_load_context``), then each EP in
+   order claims subgraphs (``nxrt_claim_subgraphs``) and matches single
+   nodes (``nxrt_match_kernel``); claims are checked for cycles with every
+   earlier claim contracted.
+6. :func:`plan` -> :class:`PlanDraft` — the run order (every node or claim
+   exactly once, or :class:`~nxrt.errors.InvalidPlacement`), a slot per value,
+   the copies between devices, weights negotiated per EP.
+7. :func:`instantiate` -> :class:`~nxrt.executor.Plan` — kernels created and
+   claims compiled, buffer slots freed after their last use.
+
+``InferenceSession`` is the ONNX Runtime-shaped shell around the
+:class:`SessionState` that :func:`create` returns; ``nxrt compile`` and the
+CLI use this module, not the session's internals.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nxrt import contrib_ops  # noqa: F401  (registers nxrt's op schemas with onnx)
+from nxrt.epcontext import build_ep_context_registry, is_context_node, read_context
+from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel, NoEpForContext, NxrtError
+from nxrt.executor import NO_SLOT, CopyKernel, Plan, Step
+from nxrt.external_data import resolve_external_data
+from nxrt.host import Host, NxrtPluginManager
+from nxrt.host_parallel import HostParallel
+from nxrt.kernel import Kernel, SubgraphClaim
+from nxrt.memory import parse_bytes
+from nxrt.model import load_model, opset_of
+from nxrt.optimizer import fold_constants, run_passes
+from nxrt.partition import Copy, Placement, partition, schedule
+from nxrt.provider import EpConfig, ExecutionProvider
+from nxrt.subgraph import ScopedKernel, Subgraph, implicit_inputs, outer_names, subgraphs_of
+from nxrt.weight_binding import negotiate_weights
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir as ir
+
+    from nxrt.registry import EpDescriptor, EpRegistry
+    from nxrt.weight import ExecutionProviderCapabilities, WeightHandle
+
+#: Session config entries, named like ONNX Runtime's.
+DISABLE_CPU_EP_FALLBACK = "session.disable_cpu_ep_fallback"
+DISABLE_MODEL_COMPILE = "session.disable_model_compile"
+FALLBACK_EP = "cpu"
+#: Ops whose result changes from run to run, and so are never constant-folded.
+NONDETERMINISTIC_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
+
+#: What ``providers`` may hold: EP ids (or ORT names), or ``(id, options)`` pairs.
+ProviderRequest = str | tuple[str, dict[str, Any]]
+
+
+# -- 1. load ---------------------------------------------------------------------------------------
+@dataclass
+class LoadedModel:
+    """The checked, shape-inferred graph, the folder it came from, and its mapped weights."""
+
+    model: ir.Model
+    base_dir: str | None
+    weights: dict[str, WeightHandle]
+
+
+def load(source: str | os.PathLike[str] | bytes | onnx.ModelProto) -> LoadedModel:
+    """Stage 1: read, check, infer and validate the model; map its external data."""
+    model, base_dir = load_model(source)
+    return LoadedModel(model, base_dir, resolve_external_data(model, base_dir))
+
+
+# -- 2. select EPs ---------------------------------------------------------------------------------
+@dataclass
+class Selection:
+    """The EPs a session uses, highest priority first, and how they were chosen."""
+
+    requests: list[tuple[EpDescriptor, dict[str, Any]]]
+    explicit: bool
+    policy: str = "explicit"
+
+
+def provider_requests(
+    providers: Sequence[ProviderRequest] | None,
+    provider_options: Sequence[dict[str, Any]] | None = None,
+) -> list[tuple[str, dict[str, Any]]] | None:
+    """``providers`` / ``provider_options`` as ONNX Runtime takes them, as (name, options)."""
+    if providers is None:
+        return None
+    if isinstance(providers, str):
+        raise InvalidArgument("providers must be a list, e.g. ['cpu'], not a string")
+    if provider_options is not None and len(provider_options) != len(providers):
+        raise InvalidArgument(
+            f"provider_options has {len(provider_options)} entries for {len(providers)} "
+            "providers; give one dict per provider"
+        )
+    requests = []
+    for i, item in enumerate(providers):
+        if isinstance(item, str):
+            options = dict(provider_options[i]) if provider_options else {}
+            requests.append((item, options))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
+            requests.append((item[0], dict(item[1])))
+        else:
+            raise InvalidArgument(f"providers[{i}] must be an EP id or (id, options), got {item!r}")
+    return requests
+
+
+def select_providers(
+    registry: EpRegistry,
+    host: Host,
+    requests: list[tuple[str, dict[str, Any]]] | None,
+    *,
+    fallback: bool = True,
+) -> Selection:
+    """Stage 2: resolve the caller's providers, or take the installed ones in default order."""
+    explicit = requests is not None
+    if requests is None:
+        requests = [(ep_id, {}) for ep_id in registry.default_order()]
+    chosen: list[tuple[EpDescriptor, dict[str, Any]]] = []
+    for name, options in requests:
+        descriptor = registry.resolve(name)
+        if descriptor is None:
+            known = ", ".join(sorted(registry.providers)) or "none"
+            broken = "; ".join(str(f) for f in host.failures)
+            raise InvalidArgument(
+                f"execution provider {name!r} is not installed (installed: {known})"
+                + (f"; plugins that failed to load: {broken}" if broken else "")
+                + ". Install its package, e.g. `pip install nxrt-ep-<name>`."
+            )
+        if all(descriptor.id != d.id for d, _ in chosen):
+            chosen.append((descriptor, options))
+    cpu = registry.resolve(FALLBACK_EP)
+    if fallback and cpu is not None and all(d.id != FALLBACK_EP for d, _ in chosen):
+        chosen.append((cpu, {}))
+    return Selection(chosen, explicit, "explicit" if explicit else "priority")
+
+
+# -- 3. create EPs ---------------------------------------------------------------------------------
+@dataclass
+class Providers:
+    """The session's EP instances (with the plugin owning each) and their capabilities."""
+
+    eps: list[tuple[ExecutionProvider, str]]
+    capabilities: dict[str, ExecutionProviderCapabilities]
+
+    def by_id(self) -> dict[str, ExecutionProvider]:
+        return {ep.id: ep for ep, _ in self.eps}
+
+    @property
+    def uses_host_blas(self) -> bool:
+        return any(ep.uses_host_blas for ep, _ in self.eps)
+
+
+def create_providers(
+    selection: Selection, host: Host, parallel: HostParallel, threads: int | None
+) -> Providers:
+    """Stage 3: instantiate and initialise each selected EP, then ask its capabilities."""
+    eps = []
+    for descriptor, options in selection.requests:
+        try:
+            eps.append((instantiate_ep(descriptor, options, parallel, threads), descriptor.plugin))
+        except Exception as exc:  # noqa: BLE001 - the plugin's own failure, shown whole
+            failure = (
+                exc
+                if isinstance(exc, NxrtError)
+                else EpLoadFailed(descriptor.plugin, f"creating EP {descriptor.id!r}: {exc!r}")
+            )
+            if selection.explicit:
+                if failure is exc:
+                    raise
+                raise failure from exc
+            host.failures.append(failure)  # not asked for by name: skip it, say why
+    if not eps:
+        raise InvalidArgument("no execution provider is available; install nxrt-ep-cpu")
+    capabilities = {ep.id: host.capabilities(ep, owner) for ep, owner in eps}
+    return Providers(eps, capabilities)
+
+
+def instantiate_ep(
+    descriptor: EpDescriptor,
+    options: dict[str, Any],
+    parallel: HostParallel,
+    threads: int | None,
+) -> ExecutionProvider:
+    """One EP from its descriptor, configured and initialised."""
+    limit = options.get("memory_limit")
+    config = EpConfig(
+        options=dict(options),
+        threads=threads,
+        memory_limit=parse_bytes(limit) if limit is not None else None,
+        device_id=int(options.get("device_id", 0)),
+    )
+    ep = descriptor.factory(config)
+    if not isinstance(ep, ExecutionProvider):
+        raise TypeError(f"factory returned {type(ep).__name__}, not an ExecutionProvider")
+    ep.id = descriptor.id
+    ep.parallel = parallel
+    if ep.ops is None:
+        ep.ops = descriptor.ops
+    ep.initialize()
+    return ep
+
+
+# -- 4. optimize -----------------------------------------------------------------------------------
+@dataclass
+class Optimization:
+    """What the passes changed, for the partition report."""
+
+    folded: list[tuple[str, str]] = field(default_factory=list)  # (node, op)
+    fused: list[tuple[str, str]] = field(default_factory=list)  # (node, into)
+
+
+def optimize(loaded: LoadedModel, providers: Providers, host: Host) -> Optimization:
+    """Stage 4: fold constants with the session's kernels, then the first EP's passes.
+
+    The EP's passes run on a clone of the graph: if one fails, the session
+    goes on with the graph as it was before them, and the failure is recorded.
+    """
+    model = loaded.model
+    folded = fold_constants(model, lambda node: evaluate_constant(node, model, providers, host))
+    first, owner = providers.eps[0]
+    passes = host.optimizer_passes(first, owner)
+    fused: list[tuple[str, str]] = []
+    if passes:
+        trial = model.clone()
+        try:
+            fused = run_passes(trial, passes)
+        except Exception as exc:  # noqa: BLE001 - the plugin's pass, isolated
+            host.hook_failed(exc, ep=first.id, cause=f"optimizer pass failed: {exc!r}")
+        else:
+            _adopt(model, trial)
+    return Optimization(folded, fused)
+
+
+def _adopt(model: ir.Model, rewritten: ir.Model) -> None:
+    """Make ``model`` the rewritten one (callers hold ``model``, not the clone)."""
+    model.graph = rewritten.graph
+    model.opset_imports.update(rewritten.opset_imports)
+
+
+def evaluate_constant(
+    node: ir.Node, model: ir.Model, providers: Providers, host: Host
+) -> list[Any] | None:
+    """Compute a node with constant inputs on the first host EP that runs it (folding)."""
+    if node.op_type in NONDETERMINISTIC_OPS or subgraphs_of(node):
+        return None
+    opset = opset_of(model, node.domain)
+    for ep, owner in providers.eps:
+        if ep.device_type != "cpu" or ep.ops is None:
+            continue
+        match = host.match_kernel(ep, owner, node, opset)
+        if not match.supported:
+            continue
+        inputs = [v.const_value.numpy() if v is not None else None for v in node.inputs]
+        try:
+            return list(ep.create_kernel(node, match.entry).compute(inputs))
+        except Exception:  # noqa: BLE001 - left in the plan, so it fails at run time
+            return None
+    return None
+
+
+# -- 5. place --------------------------------------------------------------------------------------
+def place(loaded: LoadedModel, providers: Providers, host: Host, registry: EpRegistry) -> Placement:
+    """Stage 5: precompiled EPContext partitions first, then claims and kernel matches."""
+    preplaced = load_contexts(loaded, providers, host, registry)
+    return partition(loaded.model, providers.eps, host, preplaced=preplaced)
+
+
+def load_contexts(
+    loaded: LoadedModel, providers: Providers, host: Host, registry: EpRegistry
+) -> dict[int, SubgraphClaim]:
+    """Precompiled partitions: each EPContext node loaded by the EP owning its source."""
+    nodes = [node for node in loaded.model.graph if is_context_node(node)]
+    if not nodes:
+        return {}
+    contexts = build_ep_context_registry(registry.providers.values())
+    session_eps = {ep.id: (ep, owner) for ep, owner in providers.eps}
+    loaded_claims = {}
+    for node in nodes:
+        context = read_context(node, loaded.base_dir)
+        owner_id = contexts.owner(context.source)
+        if owner_id not in session_eps:
+            raise NoEpForContext(
+                context.source,
+                f"EPContext {context.partition_name!r} is for EP {owner_id!r}, which is "
+                f"installed but not among this session's providers "
+                f"{list(session_eps)}; add {owner_id!r} to providers",
+            )
+        contexts.require_support(owner_id)
+        ep, plugin = session_eps[owner_id]
+        kernel = host.load_context(ep, plugin, context)
+        loaded_claims[id(node)] = SubgraphClaim(
+            ep.id,
+            [node],
+            name=context.partition_name,
+            inputs=[v.name if v is not None else "" for v in node.inputs],
+            outputs=[v.name for v in node.outputs],
+            kernel=kernel,
+        )
+    return loaded_claims
+
+
+def check_compile_allowed(placement: Placement) -> None:
+    """With ``session.disable_model_compile``, only precompiled partitions are accepted."""
+    for claim in placement.report.claims:
+        if claim.kernel is None:
+            raise InvalidModel(
+                f"{DISABLE_MODEL_COMPILE} is set, but EP {claim.ep!r} would compile a "
+                f"partition of {len(claim.nodes)} node(s) starting at "
+                f"{claim.nodes[0].name!r}; compile the model first: "
+                f"`nxrt compile MODEL -o OUT --ep {claim.ep}`"
+            )
+
+
+# -- 6. plan ---------------------------------------------------------------------------------------
+@dataclass
+class PlanDraft:
+    """A plan whose steps know how to make their kernels, none made yet."""
+
+    plan: Plan
+    makers: list[Callable[[], Kernel] | None]  # per step; None for a step already holding one
+
+
+def plan(
+    loaded: LoadedModel,
+    providers: Providers,
+    placement: Placement,
+    graph: ir.Graph | None = None,
+    implicit: Sequence[str] = (),
+) -> PlanDraft:
+    """Stage 6: the run order, slots, copies between devices and negotiated weights.
+
+    ``graph`` is a subgraph of a control-flow node reading the ``implicit``
+    outer-scope values; default: the main graph.
+    """
+    import onnx_ir as ir
+
+    graph = graph if graph is not None else loaded.model.graph
+    eps = providers.by_id()
+    slots: dict[str, int] = {}
+
+    def slot(name: str) -> int:
+        if not name:
+            return NO_SLOT
+        if name not in slots:
+            slots[name] = len(slots)
+        return slots[name]
+
+    constants: dict[int, Any] = {}
+    weights = negotiate_weights(graph, loaded.weights, placement, eps, providers.capabilities)
+    for name, value in graph.initializers.items():
+        if name in weights:  # external data, negotiated per EP (lazy or resident)
+            constants[slot(name)] = weights[name]
+            continue
+        if value.const_value is None:
+            raise InvalidModel(f"initializer {name!r} has no data")
+        array = value.const_value.numpy()
+        if isinstance(array, np.ndarray):
+            if array.dtype.kind in "biufc":  # not strings, not ml_dtypes' (kind "V")
+                # the graph keeps this array instead of the protobuf's copy of the bytes,
+                # so the parsed model can be freed: one copy of every weight, not two
+                value.const_value = ir.Tensor(array, name=name)
+            array = array.view()
+            array.flags.writeable = False
+        constants[slot(name)] = array
+    input_slots = {name: slot(name) for name in [*(v.name for v in graph.inputs), *implicit]}
+    location = {name: "cpu" for name in slots}  # device holding each value
+    copies: dict[tuple[str, str], int] = {}
+    steps: list[Step] = []
+    makers: list[Callable[[], Kernel] | None] = []
+    report = placement.report
+    producers: dict[str, ExecutionProvider] = {}
+
+    def read(name: str, ep: ExecutionProvider) -> int:
+        """The slot ``ep`` reads ``name`` from, inserting a copy across devices."""
+        if not name:
+            return NO_SLOT
+        source_device = location.get(name, "cpu")
+        if source_device == ep.device_type:
+            return slot(name)
+        key = (name, ep.device_type)
+        if key not in copies:
+            copies[key] = slot(f"{name}@{ep.device_type}")
+            op = "MemcpyToDevice" if ep.device_type != "cpu" else "MemcpyToHost"
+            kernel = CopyKernel(producers.get(name), ep)
+            steps.append(
+                Step(kernel, [slot(name)], [copies[key]], f"copy {name}", op, ep.id, ep.device_type)
+            )
+            makers.append(None)
+            report.copies.append(Copy(name, source_device, ep.device_type, ep.id))
+        return copies[key]
+
+    nodes = list(graph)
+    compiled: set[int] = set()
+    for i in schedule(placement, nodes):
+        node = nodes[i]
+        ep = eps[placement.node_ep[i]]
+        claim_index = placement.node_claim[i]
+        flops = bytes_ = 0
+        if claim_index is not None:
+            if claim_index in compiled:
+                continue
+            compiled.add(claim_index)
+            claim = report.claims[claim_index]
+            make = _claim_maker(claim, ep, graph)
+            ins, outs, name, op_type = claim.inputs, claim.outputs, claim.name, "Subgraph"
+        else:
+            match = placement.matches[i]
+            ins = [v.name if v is not None else "" for v in node.inputs]
+            outer = implicit_inputs(node) if subgraphs_of(node) else []
+            make = _node_maker(node, ep, match.entry, len(ins), outer)
+            ins = ins + outer
+            outs = [v.name for v in node.outputs]
+            name, op_type = node.name, node.op_type
+            if match.cost is not None:
+                flops, bytes_ = match.cost.flops, match.cost.bytes
+        step = Step(
+            Kernel(), [read(n, ep) for n in ins], [slot(n) for n in outs], name, op_type, ep.id
+        )
+        step.device, step.flops, step.bytes = ep.device_type, flops, bytes_
+        steps.append(step)
+        makers.append(make)
+        for out in outs:
+            if out:
+                location[out] = ep.device_type
+                producers[out] = ep
+    output_slots = {v.name: slot(v.name) for v in graph.outputs}
+    output_hosts = {
+        name: producers[name] for name in output_slots if location.get(name, "cpu") != "cpu"
+    }
+    draft = Plan(list(slots), constants, input_slots, output_slots, steps, output_hosts)
+    return PlanDraft(draft, makers)
+
+
+def _claim_maker(
+    claim: SubgraphClaim, ep: ExecutionProvider, graph: ir.Graph
+) -> Callable[[], Kernel]:
+    if claim.kernel is not None:
+        kernel = claim.kernel
+        return lambda: kernel
+    return lambda: ep.compile(claim, graph)
+
+
+def _node_maker(
+    node: ir.Node, ep: ExecutionProvider, entry: Any, regular_inputs: int, outer: list[str]
+) -> Callable[[], Kernel]:
+    def make() -> Kernel:
+        kernel = ep.create_kernel(node, entry)
+        return ScopedKernel(kernel, regular_inputs, outer) if outer else kernel
+
+    return make
+
+
+# -- 7. instantiate --------------------------------------------------------------------------------
+def instantiate(draft: PlanDraft) -> Plan:
+    """Stage 7: create every kernel and compile every claim; the plan ``run`` walks."""
+    for step, make in zip(draft.plan.steps, draft.makers):
+        if make is not None:
+            step.kernel = make()
+    draft.plan.finish()
+    return draft.plan
+
+
+# -- the whole pipeline ----------------------------------------------------------------------------
+@dataclass
+class SessionState:
+    """Everything a created session holds."""
+
+    loaded: LoadedModel
+    host: Host
+    registry: EpRegistry
+    parallel: HostParallel
+    selection: Selection
+    providers: Providers
+    placement: Placement
+    plan: Plan
+
+    @property
+    def uses_host_blas(self) -> bool:
+        """Whether an EP that runs part of the plan computes through numpy's BLAS."""
+        running = {step.ep for step in self.plan.steps}
+        return any(ep.uses_host_blas for ep, _ in self.providers.eps if ep.id in running)
+
+    def compiled_partitions(self) -> list[tuple[SubgraphClaim, ExecutionProvider, str, Kernel]]:
+        """Each compiled claim with its EP, owning plugin and kernel (what compile saves)."""
+        owners = {ep.id: (ep, owner) for ep, owner in self.providers.eps}
+        kernels = {s.name: s.kernel for s in self.plan.steps if s.op_type == "Subgraph"}
+        return [
+            (claim, *owners[claim.ep], kernels[claim.name])
+            for claim in self.placement.report.claims
+            if claim.name in kernels
+        ]
+
+
+@dataclass
+class CreateOptions:
+    """The settings of session creation that come from ``SessionOptions``."""
+
+    threads: int | None = None
+    optimize: bool = True
+    fallback: bool = True
+    allow_compile: bool = True
+
+
+def create(
+    source: str | os.PathLike[str] | bytes | onnx.ModelProto,
+    requests: list[tuple[str, dict[str, Any]]] | None,
+    options: CreateOptions,
+    plugin_manager: NxrtPluginManager,
+) -> SessionState:
+    """Run every stage (module docstring) and return what the session needs."""
+    host = Host(plugin_manager)
+    registry = host.build_registry()
+    parallel = HostParallel(options.threads)
+    loaded = load(source)
+    selection = select_providers(registry, host, requests, fallback=options.fallback)
+    providers = create_providers(selection, host, parallel, options.threads)
+    return build(loaded, host, registry, parallel, selection, providers, options)
+
+
+def build(
+    loaded: LoadedModel,
+    host: Host,
+    registry: EpRegistry,
+    parallel: HostParallel,
+    selection: Selection,
+    providers: Providers,
+    options: CreateOptions,
+) -> SessionState:
+    """Stages 4 to 7 for EPs already created."""
+
+    def compile_subgraph(graph: ir.Graph) -> Subgraph:
+        """Partition and plan a graph attribute with the session's EPs."""
+        placement = partition(loaded.model, providers.eps, host, graph=graph)
+        outer = outer_names(graph)
+        sub_plan = instantiate(plan(loaded, providers, placement, graph, outer))
+        return Subgraph(
+            sub_plan, [v.name for v in graph.inputs], [v.name for v in graph.outputs], outer
+        )
+
+    for ep, _ in providers.eps:
+        ep.subgraph_compiler = compile_subgraph
+    optimization = optimize(loaded, providers, host) if options.optimize else Optimization()
+    placement = place(loaded, providers, host, registry)
+    if not options.allow_compile:
+        check_compile_allowed(placement)
+    placement.report.folded, placement.report.fused = optimization.folded, optimization.fused
+    final = instantiate(plan(loaded, providers, placement))
+    return SessionState(loaded, host, registry, parallel, selection, providers, placement, final)
