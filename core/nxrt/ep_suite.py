@@ -3,7 +3,8 @@
 Hook level: the EP registers and builds, its capabilities are well formed,
 its kernel matches carry a cost or a reason, its claims are connected and
 cycle-free, and an EP that advertises EPContext round-trips a compiled
-partition (one that does not refuses cleanly). Then the ONNX node
+partition (one that does not refuses cleanly); a check during which the
+EP's hooks raised fails, though a session would survive it. Then the ONNX node
 conformance cases the EP accepts, each its own test id; known failures come
 from the ``conformance_exclusions.txt`` the EP's package ships.
 
@@ -14,6 +15,7 @@ get it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,12 +23,13 @@ import pytest
 
 from nxrt.conformance import check_case, node_cases, package_exclusions, run_cases
 from nxrt.epcontext import EpContext
-from nxrt.errors import UnsupportedContext
+from nxrt.errors import EpLoadFailed, EpPanicked, NxrtError, UnsupportedContext
 from nxrt.host import Host, get_plugin_manager
 from nxrt.kernel import Cost, KernelMatch
+from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 from nxrt.partition import check_claim
 from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path
+from nxrt.registry import EpRegistry
 from nxrt.weight import ExecutionProviderCapabilities
 
 
@@ -35,8 +38,13 @@ def _host() -> Host:
     return Host(get_plugin_manager())
 
 
+@functools.cache
+def _registry() -> EpRegistry:
+    return _host().build_registry()
+
+
 def _descriptor(ep_id: str) -> Any:
-    descriptor = _host().build_registry().resolve(ep_id)
+    descriptor = _registry().resolve(ep_id)
     if descriptor is None:
         failures = "; ".join(str(f) for f in _host().failures) or "none"
         pytest.fail(f"EP {ep_id!r} is not installed (plugins that failed to load: {failures})")
@@ -70,6 +78,41 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def ep_id(request: pytest.FixtureRequest) -> str:
     return request.config.getoption("nxrt_ep")
+
+
+@pytest.fixture(autouse=True)
+def hook_failures_fail_the_ep(ep_id: str) -> Iterator[None]:
+    """Fail a check during which the EP's hooks raised or answered malformed.
+
+    A session survives a broken hook: the host records the failure and
+    carries on (no claim, no match). The kit must not be as forgiving, or an
+    EP whose ``nxrt_match_kernel`` always raises would pass every check.
+    """
+    before = len(_host().failures)
+    yield
+    caused = list(
+        dict.fromkeys(
+            f"{type(f).__name__}: {f}" for f in _host().failures[before:] if _caused_by(f, ep_id)
+        )
+    )
+    if caused:
+        shown = caused[:5] + ([f"... and {len(caused) - 5} more"] if len(caused) > 5 else [])
+        pytest.fail(
+            f"EP {ep_id!r}'s hooks failed {len(caused)} way(s) during this check:\n  "
+            + "\n  ".join(shown),
+            pytrace=False,
+        )
+
+
+def _caused_by(failure: NxrtError, ep_id: str) -> bool:
+    """Whether a recorded failure is this EP's (not another installed plugin's)."""
+    if isinstance(failure, EpPanicked):
+        return failure.ep == ep_id
+    descriptor = _registry().resolve(ep_id)
+    if not isinstance(failure, EpLoadFailed) or descriptor is None:
+        return False
+    info = _host().pm.plugin_info.get(descriptor.plugin)
+    return failure.path in {descriptor.plugin, info.value if info else descriptor.plugin}
 
 
 def test_ep_registers_and_initializes(ep_id: str) -> None:

@@ -6,8 +6,8 @@ undo it at teardown. Fixtures:
 - ``nxrt_pm`` — a fresh plugin manager (no entry points, builtins only,
   strict plugin loading), with every plugin registered during the test
   removed afterwards;
-- ``hook_recorder`` — records ``(hook, kwargs, result)`` of every hook call
-  on ``nxrt_pm``.
+- ``hook_recorder`` — records every hook call made on ``nxrt_pm``, in
+  order and repeats included, with its arguments and its result or exception.
 
 Option: ``--nxrt-ep NAME`` adds the checks of :mod:`nxrt.ep_suite` for
 that EP (hook-level checks and the ONNX node conformance cases it accepts) to
@@ -17,19 +17,19 @@ Helpers: :func:`register_plugin` (a context manager that always
 unregisters), :func:`make_node_model` and :func:`run_node` (one-node models
 through a real session pinned to one EP), :data:`LIGHT_MODELS` with
 :func:`light_model_path` and :func:`dummy_feeds` (the onnx package's light
-models and the input its backend runner gives them).
+models and the input its backend runner gives them, from :mod:`nxrt.light_models`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(
         return
     from pathlib import Path
 
-    import nxrt.ep_suite
+    import nxrt.ep_suite  # numpy, onnx and the host: too heavy for every pytest start
 
     module = pytest.Module.from_parent(session, path=Path(nxrt.ep_suite.__file__))
     items.extend(item for item in module.collect() if isinstance(item, pytest.Item))
@@ -78,18 +78,42 @@ def register_plugin(pm: NxrtPluginManager, plugin: object, name: str) -> Iterato
 
 @dataclass
 class HookCall:
+    """One hook call: its arguments, then its result or the exception it raised."""
+
     hook: str
     kwargs: dict[str, Any]
     result: Any = None
+    exception: BaseException | None = None
 
 
 @dataclass
 class HookRecorder:
-    """Every hook call made through one plugin manager, in order."""
+    """Every hook call made through one plugin manager, in call order, repeats included.
+
+    A hook called once per node or per EP appears once per call, each with its
+    own arguments and result, so a test can check the whole sequence.
+    """
 
     calls_made: list[HookCall] = field(default_factory=list)
+    _open: list[HookCall] = field(default_factory=list, repr=False)
+
+    def before(self, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """pluggy's monitoring callback on entry: open a call."""
+        call = HookCall(hook_name, dict(kwargs))
+        self.calls_made.append(call)
+        self._open.append(call)
+
+    def after(
+        self, outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> None:
+        """pluggy's monitoring callback on exit: close the innermost open call."""
+        call = self._open.pop()
+        call.exception = outcome.exception
+        if outcome.exception is None:
+            call.result = outcome.get_result()
 
     def calls(self, hook: str) -> list[HookCall]:
+        """Every call of ``hook``, in order."""
         return [c for c in self.calls_made if c.hook == hook]
 
     def last(self, hook: str) -> HookCall:
@@ -98,11 +122,15 @@ class HookRecorder:
             raise AssertionError(f"hook {hook} was never called")
         return calls[-1]
 
-    def names(self) -> list[str]:
-        """Hook names in call order, consecutive repeats collapsed."""
+    def names(self, *, collapse_repeats: bool = True) -> list[str]:
+        """Hook names in call order; by default a run of calls of one hook shows once.
+
+        The collapsed form states the phases (every node's ``nxrt_match_kernel``
+        is one step); ``collapse_repeats=False`` lists one name per call.
+        """
         names: list[str] = []
         for call in self.calls_made:
-            if not names or names[-1] != call.hook:
+            if not collapse_repeats or not names or names[-1] != call.hook:
                 names.append(call.hook)
         return names
 
@@ -124,17 +152,7 @@ def nxrt_pm(monkeypatch: pytest.MonkeyPatch) -> Iterator[NxrtPluginManager]:
 def hook_recorder(nxrt_pm: NxrtPluginManager) -> Iterator[HookRecorder]:
     """Record the hook calls made through ``nxrt_pm``."""
     recorder = HookRecorder()
-
-    def before(hook_name: str, impls: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        recorder.calls_made.append(HookCall(hook_name, dict(kwargs)))
-
-    def after(outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        for call in reversed(recorder.calls_made):
-            if call.hook == hook_name and call.result is None:
-                call.result = outcome.get_result() if outcome.exception is None else None
-                break
-
-    undo = nxrt_pm.add_hookcall_monitoring(before, after)
+    undo = nxrt_pm.add_hookcall_monitoring(recorder.before, recorder.after)
     yield recorder
     undo()
 
@@ -230,41 +248,13 @@ def _output_infos(
     return infos
 
 
-#: The models the onnx package ships under ``backend/test/data/light``.
-LIGHT_MODELS = (
-    "bvlc_alexnet",
-    "densenet121",
-    "inception_v1",
-    "inception_v2",
-    "resnet50",
-    "shufflenet",
-    "squeezenet",
-    "vgg19",
-    "zfnet512",
-)
-
-
-def light_model_path(name: str) -> str:
-    """Path of a light model by name (``resnet50`` or ``light_resnet50``)."""
-    import onnx
-
-    stem = name if name.startswith("light_") else f"light_{name}"
-    folder = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-    return os.path.join(folder, stem + ".onnx")
-
-
-def dummy_feeds(session: Any) -> dict[str, np.ndarray]:
-    """The ONNX backend runner's input for light models: ``arange(n) / n``, dynamic dims as 1.
-
-    Works with an nxrt or an onnxruntime session (both describe inputs alike).
-    """
-    import numpy as np
-
-    from nxrt.model import numpy_dtype_of
-
-    feeds = {}
-    for arg in session.get_inputs():
-        shape = [d if isinstance(d, int) else 1 for d in arg.shape]
-        n = math.prod(shape)
-        feeds[arg.name] = (np.arange(n).reshape(shape) / max(n, 1)).astype(numpy_dtype_of(arg.type))
-    return feeds
+__all__ = [
+    "LIGHT_MODELS",
+    "HookCall",
+    "HookRecorder",
+    "dummy_feeds",
+    "light_model_path",
+    "make_node_model",
+    "register_plugin",
+    "run_node",
+]
