@@ -3,50 +3,17 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from nxrt.errors import KernelFailed, NxrtError
-from nxrt.kernel import FunctionKernel, Kernel
 from nxrt.provider import EpConfig, ExecutionProvider
+from nxrt_ep_cpu.kernels import CpuKernel
+from nxrt_ep_cpu.ops import CPU_OPS
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from nxrt.kernel import Kernel
     from nxrt.registry import KernelEntry
-
-
-class CpuKernel(FunctionKernel):
-    """A numpy kernel; numpy's own errors (bad shapes at run time) become KernelFailed."""
-
-    @property
-    def direct_call(self) -> Any:
-        """The bound function itself: the executor calls it without ``compute``'s wrapping
-        and hands any exception to :meth:`translate_error`."""
-        return self._call
-
-    def compute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
-        try:
-            return super().compute(inputs)
-        except NxrtError:
-            raise
-        except Exception as exc:
-            error = translate_error(exc)
-            if error is exc:
-                raise
-            raise error from exc
-
-    def translate_error(self, exc: BaseException) -> BaseException:
-        return translate_error(exc)
-
-
-def translate_error(exc: BaseException) -> BaseException:
-    """numpy's errors as :class:`KernelFailed`; anything else unchanged (an EP bug)."""
-    if isinstance(exc, (ValueError, IndexError, TypeError, ArithmeticError)):
-        return KernelFailed(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, MemoryError):
-        return KernelFailed(f"not enough memory: {exc}; check the input sizes")
-    return exc
 
 
 class CpuExecutionProvider(ExecutionProvider):
@@ -56,12 +23,7 @@ class CpuExecutionProvider(ExecutionProvider):
     device_type = "cpu"
 
     def __init__(self, config: EpConfig | None = None) -> None:
-        from nxrt_ep_cpu.ops import CPU_OPS
-        from nxrt_ep_cpu.ops.conv import ScratchPool
-
         super().__init__(config, CPU_OPS)
-        #: Zero-padded input buffers the Conv kernels reuse across runs.
-        self.scratch = ScratchPool()
 
     def initialize(self) -> None:
         super().initialize()
@@ -69,10 +31,11 @@ class CpuExecutionProvider(ExecutionProvider):
             keep_freed_memory()
 
     def create_kernel(self, node: ir.Node, entry: KernelEntry) -> Kernel:
+        """The base class's kernel, as a :class:`CpuKernel` where it binds a function,
+        so that numpy's errors become ``KernelFailed``."""
+        if entry.factory is not None:
+            return super().create_kernel(node, entry)
         self._require_initialized()
-        factory = getattr(entry.fn, "kernel_factory", None)  # kernels that need the EP
-        if factory is not None:
-            return factory(self, node)
         attrs = self.kernel_attributes(node, entry)
         return CpuKernel(entry.fn, attrs, view_output=entry.view_output)
 

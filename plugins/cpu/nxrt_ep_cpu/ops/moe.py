@@ -55,13 +55,11 @@ _managers_lock = threading.Lock()
 def residency_manager(ep: ExecutionProvider) -> ExpertResidencyManager:
     """The EP's expert residency manager (one per EP instance, shared by its MoE nodes)."""
     with _managers_lock:
-        manager = getattr(ep, "expert_residency", None)
-        if manager is None:
+        if ep.expert_residency is None:
             options = ep.config.options
             budget = parse_bytes(options.get(EXPERT_MEMORY_BUDGET))
-            manager = ExpertResidencyManager(budget, _policy(options))
-            ep.expert_residency = manager  # type: ignore[attr-defined]
-        return manager
+            ep.expert_residency = ExpertResidencyManager(budget, _policy(options))
+        return ep.expert_residency
 
 
 def _policy(options: dict[str, Any]) -> Any:
@@ -378,7 +376,7 @@ def _cost(node: ir.Node) -> Cost:
     return Cost(flops, weight_bytes + 2 * tokens * hidden * 4)
 
 
-@op(MOE_OP_TYPE, since=MOE_SINCE, domain=DOMAIN, cost=_cost)
+@op(MOE_OP_TYPE, since=MOE_SINCE, domain=DOMAIN, cost=_cost, factory=BlockQuantizedMoEKernel.create)
 def block_quantized_moe(
     x: np.ndarray,
     router_logits: np.ndarray,
@@ -407,7 +405,3 @@ def block_quantized_moe(
     kernel = BlockQuantizedMoEKernel(attrs)
     inputs = [x, router_logits, fc1_weight, fc1_scales, fc2_weight, fc2_scales]
     return kernel.compute([*inputs, fc1_zero_points, fc2_zero_points])[0]
-
-
-#: The cpu EP builds this node's kernel with the EP at hand (for its residency manager).
-block_quantized_moe.kernel_factory = BlockQuantizedMoEKernel.create  # type: ignore[attr-defined]

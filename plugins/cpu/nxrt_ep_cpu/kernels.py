@@ -1,0 +1,58 @@
+"""The cpu EP's kernel classes: how a numpy kernel reports a failure.
+
+The executor calls a kernel's ``direct_call`` and hands what it raises to
+``translate_error``; ``compute`` (constant folding, subgraphs, tests) does
+the same translation itself. numpy's own errors (shapes that disagree at
+run time, an index out of range) are the model's fault, not the EP's, so
+they become :class:`~nxrt.errors.KernelFailed`; anything else stays an EP
+bug. This module imports no kernel, so the provider and every op family
+can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from nxrt.errors import KernelFailed, NxrtError
+from nxrt.kernel import FunctionKernel, Kernel
+
+
+def translate_error(exc: BaseException) -> BaseException:
+    """numpy's errors as :class:`KernelFailed`; anything else unchanged (an EP bug)."""
+    if isinstance(exc, (ValueError, IndexError, TypeError, ArithmeticError)):
+        return KernelFailed(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, MemoryError):
+        return KernelFailed(f"not enough memory: {exc}; check the input sizes")
+    return exc
+
+
+class NumpyKernel(Kernel):
+    """A kernel whose numpy errors become :class:`KernelFailed`.
+
+    Subclasses provide ``direct_call`` (``compute`` calls it, so the
+    default, which calls ``compute``, would never return).
+    """
+
+    def compute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        try:
+            out = self.direct_call(*inputs)
+        except NxrtError:
+            raise
+        except Exception as exc:
+            error = translate_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        return out if isinstance(out, tuple) else (out,)
+
+    def translate_error(self, exc: BaseException) -> BaseException:
+        return translate_error(exc)
+
+
+class CpuKernel(NumpyKernel, FunctionKernel):
+    """A kernel function with its node's attributes bound (most cpu ops).
+
+    ``direct_call`` is :class:`~nxrt.kernel.FunctionKernel`'s: the bound
+    function itself, called without ``compute``'s list and tuple.
+    """
