@@ -23,6 +23,7 @@ _LAZY = {
     "RunOptions": "nxrt.session",
     "GraphOptimizationLevel": "nxrt.session",
     "NodeArg": "nxrt.session",
+    "OrtExecutionProviderDevicePolicy": "nxrt.session",
     "ExecutionProvider": "nxrt.provider",
     "EpConfig": "nxrt.provider",
     "Kernel": "nxrt.kernel",
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         GraphOptimizationLevel,
         InferenceSession,
         NodeArg,
+        OrtExecutionProviderDevicePolicy,
         RunOptions,
         SessionOptions,
     )
@@ -91,6 +93,7 @@ __all__ = [
     "NodeArg",
     "OpKey",
     "OpRegistry",
+    "OrtExecutionProviderDevicePolicy",
     "RunOptions",
     "SessionOptions",
     "SubgraphClaim",

@@ -58,6 +58,8 @@ class PartitionReport:
     copies: list[Copy] = field(default_factory=list)
     folded: list[tuple[str, str]] = field(default_factory=list)  # (node, op) computed at creation
     fused: list[tuple[str, str]] = field(default_factory=list)  # (node, node it was fused into)
+    #: How the EPs were chosen when the caller gave no providers (nxrt.selection).
+    selection: Any = None
 
     @property
     def partitions(self) -> list[tuple[str, list[str]]]:
@@ -95,10 +97,12 @@ class PartitionReport:
                 for p in self.fallbacks()
             ],
             "refused_claims": self.refused_claims,
+            "selection": self.selection.to_dict() if self.selection is not None else None,
         }
 
     def __str__(self) -> str:
-        lines = ["EP          nodes"]
+        lines = self.selection.lines() if self.selection is not None else []
+        lines.append("EP          nodes")
         for ep, count in self.nodes_per_ep().items():
             lines.append(f"{ep:<11} {count}")
         parts = self.partitions

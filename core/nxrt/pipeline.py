@@ -10,7 +10,9 @@ before it made and returns one dataclass:
 2. :func:`select_providers` -> :class:`Selection` — the EPs to use, highest
    priority first: the caller's ``providers`` list as given (cpu appended as
    the fallback unless ``session.disable_cpu_ep_fallback`` is set), or, when
-   the caller gives none, the installed EPs in the default order.
+   the caller gives none, what the session's provider-selection policy
+   chooses (:mod:`nxrt.selection`; by default it builds each candidate plan
+   through stages 3 to 7, times it, and keeps the fastest, cached on disk).
 3. :func:`create_providers` -> :class:`Providers` — each selected EP
    instantiated, initialised, and asked for its capabilities
    (``nxrt_ep_capabilities``). An EP that fails to start is fatal when the
@@ -59,6 +61,7 @@ from nxrt.model import load_model, opset_of
 from nxrt.optimizer import fold_constants, run_passes
 from nxrt.partition import Copy, Placement, partition, schedule
 from nxrt.provider import EpConfig, ExecutionProvider
+from nxrt.selection import ExecutionProviderDevicePolicy, SelectionReport
 from nxrt.subgraph import ScopedKernel, Subgraph, implicit_inputs, outer_names, subgraphs_of
 from nxrt.weight_binding import negotiate_weights
 
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.registry import EpDescriptor, EpRegistry
+    from nxrt.selection import Candidate, EpInfo
     from nxrt.weight import ExecutionProviderCapabilities, WeightHandle
 
 #: Session config entries, named like ONNX Runtime's.
@@ -113,6 +117,7 @@ class Selection:
     requests: list[tuple[EpDescriptor, dict[str, Any]]]
     explicit: bool
     policy: str = "explicit"
+    report: SelectionReport | None = None
 
 
 def provider_requests(
@@ -262,7 +267,10 @@ def optimize(loaded: LoadedModel, providers: Providers, host: Host) -> Optimizat
         try:
             fused = run_passes(trial, passes)
         except Exception as exc:  # noqa: BLE001 - the plugin's pass, isolated
-            host.hook_failed(exc, ep=first.id, cause=f"optimizer pass failed: {exc!r}")
+            root = exc
+            while root.__cause__ is not None:  # the pass manager wraps the pass's own error
+                root = root.__cause__
+            host.hook_failed(exc, ep=first.id, cause=f"optimizer pass failed: {root!r}")
         else:
             _adopt(model, trial)
     return Optimization(folded, fused)
@@ -536,6 +544,8 @@ class CreateOptions:
     optimize: bool = True
     fallback: bool = True
     allow_compile: bool = True
+    policy: ExecutionProviderDevicePolicy = ExecutionProviderDevicePolicy.DEFAULT
+    config: dict[str, str] = field(default_factory=dict)
 
 
 def create(
@@ -549,9 +559,163 @@ def create(
     registry = host.build_registry()
     parallel = HostParallel(options.threads)
     loaded = load(source)
+    if requests is None and len(registry.providers) > 1:
+        return choose(source, loaded, host, registry, parallel, options)
     selection = select_providers(registry, host, requests, fallback=options.fallback)
     providers = create_providers(selection, host, parallel, options.threads)
     return build(loaded, host, registry, parallel, selection, providers, options)
+
+
+class _Built:
+    """A candidate plan as the measuring needs it: run once, and what fell back."""
+
+    def __init__(self, state: SessionState) -> None:
+        self.state = state
+        self.outputs = [v.name for v in state.loaded.model.graph.outputs]
+
+    def run(self, feeds: dict[str, Any]) -> None:
+        plan = self.state.plan
+        if self.state.uses_host_blas:
+            with self.state.parallel.run_limits():
+                plan.execute(feeds, self.outputs, None)
+        else:
+            plan.execute(feeds, self.outputs, None)
+
+    def leftover(self) -> bool:
+        """Whether the plan's first EP left nodes to the fallback."""
+        first = self.state.providers.eps[0][0].id
+        return first != FALLBACK_EP and any(
+            p.ep == FALLBACK_EP for p in self.state.placement.report.nodes
+        )
+
+
+def choose(
+    source: Any,
+    loaded: LoadedModel,
+    host: Host,
+    registry: EpRegistry,
+    parallel: HostParallel,
+    options: CreateOptions,
+) -> SessionState:
+    """Stage 2 without ``providers``: the policy picks the EPs, then stages 3 to 7 run."""
+    import time
+
+    from nxrt import selection as sel
+
+    started = time.perf_counter()
+    policy = options.policy
+    config = options.config
+    dims = sel.parse_dims(config.get(sel.DIMS, ""))
+    fallback = FALLBACK_EP if options.fallback else ""
+    use_cache = config.get(sel.CACHE, "1") not in ("0", "")
+    installed = registry.default_order()
+    key = ""
+    if use_cache and policy.measures:
+        versions = [(i, plugin_version(host, registry.providers[i].plugin)) for i in installed]
+        key = sel.cache_key(sel.model_digest(source), versions, parallel.threads, dims)
+    report = sel.read_cached(key, set(installed)) if key else None
+    winner: SessionState | None = None
+    infos, unstarted = (
+        ep_infos(registry, host, parallel, options.threads) if report is None else ([], [])
+    )
+    if report is None and policy.measures:
+        graph = loaded.model.graph
+        feeds = sel.synthesize_feeds(
+            [v for v in graph.inputs if v.name not in graph.initializers], dims
+        )
+
+        def build_candidate(ids: list[str]) -> _Built:
+            trial = LoadedModel(loaded.model.clone(), loaded.base_dir, loaded.weights)
+            return _Built(_build_for(ids, trial, Host(host.pm), registry, parallel, options))
+
+        choice, built, candidates, note = sel.measure(
+            infos,
+            build_candidate,
+            feeds,
+            budget_ms=float(config.get(sel.BUDGET_MS, sel.DEFAULT_BUDGET_MS)),
+            runs=int(config.get(sel.RUNS, sel.DEFAULT_RUNS)),
+            fallback=fallback or FALLBACK_EP,
+        )
+        report = sel.SelectionReport(policy.name, choice, candidates + unstarted, note=note)
+        if built is not None and not loaded.weights:
+            winner = built.state  # built on a clone; with mapped weights, rebuild to keep them lazy
+        report.seconds = time.perf_counter() - started
+        if key and built is not None:
+            sel.write_cached(key, report)
+    elif report is None:
+        ordered = (
+            sel.order_by_preference(infos)
+            if policy is ExecutionProviderDevicePolicy.PRIORITY
+            else sel.order_for_device(infos, policy)
+        )
+        choice = [i.id for i in ordered if i.id != FALLBACK_EP] + [FALLBACK_EP]
+        report = sel.SelectionReport(policy.name, choice, unstarted)
+    if winner is None:
+        winner = _build_for(report.choice, loaded, host, registry, parallel, options)
+        report.seconds = time.perf_counter() - started
+    winner.host.failures[:0] = [f for f in host.failures if f not in winner.host.failures]
+    winner.selection.policy, winner.selection.report = policy.name, report
+    winner.placement.report.selection = report
+    return winner
+
+
+def _build_for(
+    ids: Sequence[str],
+    loaded: LoadedModel,
+    host: Host,
+    registry: EpRegistry,
+    parallel: HostParallel,
+    options: CreateOptions,
+) -> SessionState:
+    """Stages 3 to 7 for the EPs ``ids`` (an EP that fails to start is an error)."""
+    selection = select_providers(
+        registry, host, [(i, {}) for i in ids if i in registry.providers], fallback=options.fallback
+    )
+    providers = create_providers(selection, host, parallel, options.threads)
+    return build(loaded, host, registry, parallel, selection, providers, options)
+
+
+def ep_infos(
+    registry: EpRegistry, host: Host, parallel: HostParallel, threads: int | None
+) -> tuple[list[EpInfo], list[Candidate]]:
+    """Every installed EP's device and preference (starting it is what tells them), and a
+    skipped candidate for each EP that fails to start (its failure recorded)."""
+    from nxrt.selection import Candidate, EpInfo
+
+    infos, unstarted = [], []
+    for ep_id in registry.default_order():
+        descriptor = registry.providers[ep_id]
+        try:
+            ep = instantiate_ep(descriptor, {}, parallel, threads)
+        except Exception as exc:  # noqa: BLE001 - an EP that cannot start is no candidate
+            host.failures.append(EpLoadFailed(descriptor.plugin, f"creating EP {ep_id!r}: {exc!r}"))
+            unstarted.append(Candidate([ep_id, FALLBACK_EP], skipped=f"cannot start: {exc!r}"))
+            continue
+        capabilities = host.capabilities(ep, descriptor.plugin)
+        infos.append(EpInfo(ep_id, ep.device_type, capabilities.preference, descriptor.priority))
+    return infos, unstarted
+
+
+def plugin_version(host: Host, plugin: str) -> str:
+    """The plugin distribution's version and those of what it depends on (its backend)."""
+    import re
+
+    from importlib_metadata import PackageNotFoundError, distribution
+
+    info = host.pm.plugin_info.get(plugin)
+    if info is None or not info.distribution:
+        return "unversioned"
+    parts = [f"{info.distribution}={info.version}"]
+    try:
+        for requirement in distribution(info.distribution).requires or []:
+            name = re.split(r"[ ;<>=!~\[]", requirement, maxsplit=1)[0]
+            try:
+                parts.append(f"{name}={distribution(name).version}")
+            except PackageNotFoundError:
+                continue
+    except PackageNotFoundError:
+        pass
+    return ";".join(parts)
 
 
 def build(

@@ -23,6 +23,10 @@ from nxrt.host import NxrtPluginManager
 from nxrt.model import numpy_dtype, type_string_of
 from nxrt.partition import PartitionReport
 from nxrt.pipeline import DISABLE_CPU_EP_FALLBACK, DISABLE_MODEL_COMPILE, ProviderRequest
+from nxrt.selection import ExecutionProviderDevicePolicy
+
+#: ONNX Runtime's name for the provider-selection policies.
+OrtExecutionProviderDevicePolicy = ExecutionProviderDevicePolicy
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -35,6 +39,7 @@ __all__ = [
     "GraphOptimizationLevel",
     "InferenceSession",
     "NodeArg",
+    "OrtExecutionProviderDevicePolicy",
     "RunOptions",
     "SessionOptions",
 ]
@@ -59,6 +64,20 @@ class SessionOptions:
         self.log_severity_level = 2
         self.log_verbosity_level = 0
         self._config: dict[str, str] = {}
+        self._selection_policy = ExecutionProviderDevicePolicy.DEFAULT
+
+    def set_provider_selection_policy(self, policy: ExecutionProviderDevicePolicy | str) -> None:
+        """How a session given no ``providers`` picks its EPs (see :mod:`nxrt.selection`).
+
+        Takes an :class:`OrtExecutionProviderDevicePolicy` (ONNX Runtime's
+        names: ``PREFER_CPU``, ``PREFER_GPU``, ``MAX_PERFORMANCE`` ..., plus
+        nxrt's ``MEASURE``, the default, and ``PRIORITY``) or its name.
+        """
+        self._selection_policy = ExecutionProviderDevicePolicy.parse(policy)
+
+    @property
+    def provider_selection_policy(self) -> ExecutionProviderDevicePolicy:
+        return self._selection_policy
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         self._config[str(key)] = str(value)
@@ -142,6 +161,8 @@ class InferenceSession:
             optimize=options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_BASIC,
             fallback=not options.config_flag(pipeline.DISABLE_CPU_EP_FALLBACK),
             allow_compile=not options.config_flag(pipeline.DISABLE_MODEL_COMPILE),
+            policy=options.provider_selection_policy,
+            config=dict(options._config),
         )
         self._state = state = pipeline.create(
             path_or_bytes,

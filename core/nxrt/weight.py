@@ -34,6 +34,10 @@ _ISIZE_MAX = sys.maxsize
 _USIZE_MAX = 2 * sys.maxsize + 1
 
 
+#: Prefix of the capability flag carrying an EP's device-aware preference.
+PREFERENCE_PREFIX = "preference:"
+
+
 @dataclass(frozen=True, init=False)
 class ExecutionProviderCapabilities:
     """The capability flags an EP advertises; an immutable set of strings."""
@@ -65,6 +69,22 @@ class ExecutionProviderCapabilities:
 
     def advertises(self, capability: str) -> bool:
         return capability in self.flags
+
+    @property
+    def preference(self) -> int:
+        """How strongly the EP should come first on this device (flag ``preference:N``).
+
+        Default selection orders EPs by it before measuring, and the
+        ``PRIORITY`` policy by it alone, so an EP declares it from the device
+        it actually got (mlx: high on a GPU, low on a CPU). 0 when absent.
+        """
+        for flag in self.flags:
+            if flag.startswith(PREFERENCE_PREFIX):
+                try:
+                    return int(flag[len(PREFERENCE_PREFIX) :])
+                except ValueError:
+                    return 0
+        return 0
 
     def __repr__(self) -> str:
         return f"ExecutionProviderCapabilities(flags={sorted(self.flags)!r})"

@@ -1,0 +1,377 @@
+"""Choosing the EPs of a session the caller gave no ``providers`` for.
+
+An explicit ``providers`` list is always honoured, as in ONNX Runtime. With
+none, the session's provider-selection policy decides
+(``SessionOptions.set_provider_selection_policy``, named like ONNX Runtime's
+``OrtExecutionProviderDevicePolicy``):
+
+- ``MEASURE`` (nxrt's default, also ``DEFAULT`` and ``MAX_PERFORMANCE``):
+  build every candidate plan — each installed EP with the cpu fallback, cpu
+  alone, and mixes where a second EP takes what the first left to cpu — run
+  each a few times on feeds made from the model's input types and shapes, and
+  keep the fastest. Candidates that fail to build or run are skipped and
+  reported. Measuring stops when the creation budget is spent; the best
+  plan so far wins. The decision is cached on disk, keyed by the model's
+  digest, every candidate EP's id and version, the hardware and the thread
+  count, so later sessions cost a lookup.
+- ``PRIORITY``: the EPs in the order of their device-aware preference (the
+  ``preference:N`` capability an EP advertises; mlx, for one, is high on a
+  GPU and low on a CPU), then declared priority. No measuring.
+- ``PREFER_CPU`` / ``PREFER_GPU`` / ``PREFER_NPU``: EPs on that device type
+  first (by preference), then the others; ``MAX_EFFICIENCY`` and
+  ``MIN_OVERALL_POWER`` prefer NPU, then GPU, then CPU.
+
+This module knows policies, candidates, feeds, timing and the cache; the
+pipeline builds each candidate for it (``build`` callbacks), so nothing here
+imports the pipeline.
+
+Config entries (``SessionOptions.add_session_config_entry``):
+
+- ``nxrt.selection.budget_ms`` — the measuring budget (default 5000);
+- ``nxrt.selection.runs`` — timed runs per candidate (default 5);
+- ``nxrt.selection.dims`` — values for symbolic dims, e.g. ``batch=8,seq=128``;
+  any other dynamic dim is 1;
+- ``nxrt.selection.cache`` — ``0`` turns the on-disk cache off. The cache
+  folder is ``platformdirs.user_cache_dir("nxrt")/selection``, or
+  ``$NXRT_CACHE_DIR/selection``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nxrt.errors import InvalidArgument
+from nxrt.files import write_atomically
+from nxrt.model import numpy_dtype
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+BUDGET_MS = "nxrt.selection.budget_ms"
+RUNS = "nxrt.selection.runs"
+DIMS = "nxrt.selection.dims"
+CACHE = "nxrt.selection.cache"
+DEFAULT_BUDGET_MS = 5000.0
+DEFAULT_RUNS = 5
+CACHE_FORMAT = 1
+
+
+class ExecutionProviderDevicePolicy(enum.Enum):
+    """How a session without ``providers`` picks its EPs (ONNX Runtime's names, plus nxrt's)."""
+
+    DEFAULT = "default"
+    PREFER_CPU = "prefer_cpu"
+    PREFER_NPU = "prefer_npu"
+    PREFER_GPU = "prefer_gpu"
+    MAX_PERFORMANCE = "max_performance"
+    MAX_EFFICIENCY = "max_efficiency"
+    MIN_OVERALL_POWER = "min_overall_power"
+    MEASURE = "measure"
+    PRIORITY = "priority"
+
+    @classmethod
+    def parse(cls, value: Any) -> ExecutionProviderDevicePolicy:
+        """A policy from itself, its name or its value (case-insensitive)."""
+        if isinstance(value, cls):
+            return value
+        text = str(getattr(value, "name", value)).lower()
+        for policy in cls:
+            if text in (policy.value, policy.name.lower()):
+                return policy
+        names = ", ".join(p.name for p in cls)
+        raise InvalidArgument(f"unknown provider selection policy {value!r}; one of {names}")
+
+    @property
+    def measures(self) -> bool:
+        return self in (
+            ExecutionProviderDevicePolicy.DEFAULT,
+            ExecutionProviderDevicePolicy.MAX_PERFORMANCE,
+            ExecutionProviderDevicePolicy.MEASURE,
+        )
+
+
+#: Device types each device policy puts first, best first.
+DEVICE_ORDER = {
+    ExecutionProviderDevicePolicy.PREFER_CPU: ("cpu",),
+    ExecutionProviderDevicePolicy.PREFER_GPU: ("gpu", "cuda", "metal"),
+    ExecutionProviderDevicePolicy.PREFER_NPU: ("npu",),
+    ExecutionProviderDevicePolicy.MAX_EFFICIENCY: ("npu", "gpu", "cuda", "metal"),
+    ExecutionProviderDevicePolicy.MIN_OVERALL_POWER: ("npu", "gpu", "cuda", "metal"),
+}
+
+
+@dataclass(frozen=True)
+class EpInfo:
+    """What selection knows of one installed EP."""
+
+    id: str
+    device_type: str
+    preference: int
+    priority: int
+
+
+def order_by_preference(eps: Sequence[EpInfo]) -> list[EpInfo]:
+    """Highest advertised preference first, then declared priority, then id."""
+    return sorted(eps, key=lambda e: (-e.preference, -e.priority, e.id))
+
+
+def order_for_device(eps: Sequence[EpInfo], policy: ExecutionProviderDevicePolicy) -> list[EpInfo]:
+    """The EPs of the policy's device types first (in its order), each group by preference."""
+    wanted = DEVICE_ORDER.get(policy, ())
+
+    def rank(info: EpInfo) -> int:
+        device = info.device_type.lower()
+        return next((i for i, d in enumerate(wanted) if device.startswith(d)), len(wanted))
+
+    return sorted(order_by_preference(eps), key=rank)
+
+
+def candidates(eps: Sequence[EpInfo], fallback: str = "cpu") -> list[list[str]]:
+    """The single-EP candidates: each EP (best preference first) with the fallback, then
+    the fallback alone. Mixes are added by :func:`measure` once a plan shows what its
+    first EP left to the fallback."""
+    others = [e.id for e in order_by_preference(eps) if e.id != fallback]
+    return [[ep_id, fallback] for ep_id in others] + [[fallback]]
+
+
+# -- feeds -----------------------------------------------------------------------------------------
+def parse_dims(text: str) -> dict[str, int]:
+    """``"batch=8,seq=128"`` -> ``{"batch": 8, "seq": 128}``."""
+    dims: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        try:
+            dims[name.strip()] = int(value)
+        except ValueError:
+            raise InvalidArgument(
+                f"{DIMS} takes name=value pairs, e.g. batch=8,seq=128; got {item!r}"
+            ) from None
+    return dims
+
+
+def synthesize_feeds(inputs: Sequence[ir.Value], dims: Mapping[str, int]) -> dict[str, Any]:
+    """Seeded feeds for the model's inputs; symbolic dims from ``dims``, else 1.
+
+    Integer inputs get small non-negative values (indices and ids stay in range
+    for most models); floats are standard normal.
+    """
+    rng = np.random.default_rng(0)
+    feeds: dict[str, Any] = {}
+    for value in inputs:
+        if value.dtype is None:
+            raise InvalidArgument(f"input {value.name!r} has no element type to make a feed from")
+        shape = []
+        for dim in value.shape or ():
+            if isinstance(dim, int):
+                shape.append(dim)
+            else:
+                shape.append(int(dims.get(str(getattr(dim, "value", dim)), 1)))
+        dtype = numpy_dtype(int(value.dtype))
+        if dtype.kind == "f":
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            feeds[value.name] = rng.integers(0, 2, shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[value.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            raise InvalidArgument(f"cannot make a feed of {dtype} for input {value.name!r}")
+    return feeds
+
+
+# -- the report ------------------------------------------------------------------------------------
+@dataclass
+class Candidate:
+    """One candidate plan: its providers, and its median time or why it was skipped."""
+
+    providers: list[str]
+    median_ms: float | None = None
+    skipped: str = ""
+
+
+@dataclass
+class SelectionReport:
+    """How a session's EPs were chosen (shown by ``get_partition()`` and the CLI)."""
+
+    policy: str
+    choice: list[str]
+    candidates: list[Candidate] = field(default_factory=list)
+    from_cache: bool = False
+    seconds: float = 0.0
+    note: str = ""
+
+    def lines(self) -> list[str]:
+        how = "from the cache" if self.from_cache else f"in {self.seconds:.2f} s"
+        lines = [f"selection: policy {self.policy}, chose {','.join(self.choice)} ({how})"]
+        for c in self.candidates:
+            mark = "*" if c.providers == self.choice else " "
+            what = f"{c.median_ms:.3f} ms" if c.median_ms is not None else f"skipped: {c.skipped}"
+            lines.append(f"  {mark} {','.join(c.providers):<28} {what}")
+        if self.note:
+            lines.append(f"  {self.note}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- measuring -------------------------------------------------------------------------------------
+#: Builds a candidate from its providers; returns an object whose ``run(feeds)`` runs the
+#: plan once, and whose ``leftover()`` lists the nodes left to the fallback EP.
+BuildCandidate = Callable[[list[str]], Any]
+
+
+def measure(
+    eps: Sequence[EpInfo],
+    build: BuildCandidate,
+    feeds: dict[str, Any],
+    *,
+    budget_ms: float,
+    runs: int,
+    fallback: str = "cpu",
+) -> tuple[list[str], Any, list[Candidate], str]:
+    """Build and time each candidate; the fastest wins.
+
+    :returns: The winner's providers, its built object (``None`` when it was
+        not kept), every candidate's result, and a note when the budget cut
+        measuring short.
+    """
+    queue = candidates(eps, fallback)
+    ids = {e.id for e in eps}
+    results: list[Candidate] = []
+    best: tuple[float, list[str], Any] | None = None
+    start = time.perf_counter()
+    note = ""
+    while queue:
+        providers = queue.pop(0)
+        if any(p not in ids for p in providers):
+            continue
+        spent = (time.perf_counter() - start) * 1000
+        if best is not None and spent > budget_ms:
+            note = f"budget of {budget_ms:.0f} ms spent; {len(queue) + 1} candidate(s) not measured"
+            results.append(Candidate(providers, skipped="not measured: budget spent"))
+            results.extend(Candidate(p, skipped="not measured: budget spent") for p in queue)
+            break
+        candidate = Candidate(providers)
+        results.append(candidate)
+        try:
+            built = build(providers)
+            built.run(feeds)  # warm-up: first-run allocations, lazy compilation
+            times = []
+            for _ in range(max(1, runs)):
+                t0 = time.perf_counter()
+                built.run(feeds)
+                times.append((time.perf_counter() - t0) * 1000)
+        except Exception as exc:  # noqa: BLE001 - a candidate that fails is skipped, never fatal
+            candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            continue
+        candidate.median_ms = statistics.median(times)
+        if best is None or candidate.median_ms < best[0]:
+            best = (candidate.median_ms, providers, built)
+        if len(providers) == 2 and built.leftover():
+            for other in order_by_preference(eps):
+                mix = [providers[0], other.id, fallback]
+                if other.id not in providers and other.id != fallback and mix not in queue:
+                    queue.insert(0, mix)
+                    break
+    if best is None:
+        return [fallback], None, results, note or "every candidate failed"
+    return best[1], best[2], results, note
+
+
+# -- the cache -------------------------------------------------------------------------------------
+def cache_dir() -> str:
+    root = os.environ.get("NXRT_CACHE_DIR")
+    if not root:
+        import platformdirs
+
+        root = platformdirs.user_cache_dir("nxrt")
+    return os.path.join(root, "selection")
+
+
+def hardware() -> str:
+    """The machine a measurement is valid for: architecture, CPU model, core count."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{platform.system()}-{platform.machine()}-{model}-{os.cpu_count()}"
+
+
+def cache_key(
+    model_digest: str,
+    eps: Sequence[tuple[str, str]],
+    threads: int,
+    dims: Mapping[str, int],
+) -> str:
+    """The key of a decision: model, every candidate EP's (id, version), hardware, threads."""
+    parts = {
+        "format": CACHE_FORMAT,
+        "model": model_digest,
+        "eps": sorted(f"{ep_id}={version}" for ep_id, version in eps),
+        "hardware": hardware(),
+        "threads": threads,
+        "dims": sorted(dims.items()),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def read_cached(key: str, installed: set[str]) -> SelectionReport | None:
+    """A cached decision, or ``None`` when there is none or it is unreadable or stale."""
+    path = os.path.join(cache_dir(), f"{key}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        report = SelectionReport(
+            policy=str(data["policy"]),
+            choice=[str(p) for p in data["choice"]],
+            candidates=[Candidate(**c) for c in data["candidates"]],
+            seconds=float(data.get("seconds", 0.0)),
+            note=str(data.get("note", "")),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not report.choice or any(p not in installed for p in report.choice):
+        return None
+    report.from_cache = True
+    return report
+
+
+def write_cached(key: str, report: SelectionReport) -> None:
+    """Store a decision; a cache that cannot be written only costs the next session time."""
+    data = report.to_dict()
+    data.pop("from_cache", None)
+    try:
+        os.makedirs(cache_dir(), exist_ok=True)
+        write_atomically(os.path.join(cache_dir(), f"{key}.json"), json.dumps(data).encode())
+    except OSError:
+        pass
+
+
+def model_digest(source: Any) -> str:
+    """SHA-256 of the model's bytes (a path's file, bytes, or a serialized ModelProto)."""
+    digest = hashlib.sha256()
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        digest.update(source)
+    else:
+        digest.update(source.SerializeToString())
+    return digest.hexdigest()
