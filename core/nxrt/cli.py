@@ -156,7 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"nxrt: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"model: {args.model}")
-    print(session.get_partition())
+    _print_placement(session)
     for arg, value in zip(session.get_outputs(), outputs):
         print(_summary(arg.name, value))
     _print_latency(times)
@@ -173,7 +173,7 @@ def _run_default(args: argparse.Namespace) -> int:
     session = _make_session(model_bytes, args)
     meta = session.get_modelmeta()
     print(f"model: embedded {DEFAULT_MODEL} — {meta['doc_string'].splitlines()[0]}")
-    print(session.get_partition())
+    _print_placement(session)
     name = session.get_inputs()[0].name
     (probabilities,), times = _time_runs(session, {name: pixels}, args.repeat)
     predicted = probabilities.argmax(axis=1)
@@ -185,6 +185,14 @@ def _run_default(args: argparse.Namespace) -> int:
     _print_latency(times, per=len(labels))
     _finish_profile(session)
     return 0
+
+
+def _print_placement(session: Any) -> None:
+    """The partition (with how the EPs were chosen), then which EPs ran the model."""
+    report = session.get_partition()
+    print(report)
+    ran = [f"{ep} ({count} nodes)" for ep, count in report.nodes_per_ep().items() if count]
+    print(f"ran on: {', '.join(ran)}")
 
 
 def _print_latency(times: list[float], per: int = 0) -> None:
