@@ -424,7 +424,7 @@ def test_conv_weights_as_inputs():
     check("Conv", {"x": x, "w": w, "b": b}, opset=11, pads=[1, 1, 1, 1])
 
 
-#: One shape per Conv variant the cpu EP picks (see nxrt_ep_cpu/ops/conv.py).
+#: One shape per Conv variant the cpu EP picks (see nxrt_ep_cpu/ops/_conv_gemm.py).
 CONV_VARIANTS = {
     "pointwise": dict(x=(2, 8, 6, 7), w=(5, 8, 1, 1), strides=[2, 1]),
     "taps": dict(x=(1, 48, 10, 24), w=(16, 48, 3, 3), pads=[1, 1, 1, 1]),

@@ -15,12 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
 import nxrt_ep_legacy_abi.plugin as legacy_plugin
-from nxrt.claims import group_claims
+from nxrt.claims import claim_boundary, group_claims
 from nxrt.epcontext import build_ep_context_registry
 from nxrt.errors import EpLoadFailed, KernelFailed
 from nxrt.host import Host
 from nxrt.model import load_model
-from nxrt.partition import claim_boundary
 from nxrt.provider import EpConfig
 from nxrt.registry import OpRegistry
 from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin

@@ -16,11 +16,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
+from nxrt.claims import claim_boundary
 from nxrt.epcontext import EpContext, build_ep_context_registry
 from nxrt.errors import EpLoadFailed, InvalidModel
 from nxrt.host import Host
 from nxrt.model import load_model
-from nxrt.partition import claim_boundary, creates_cycle
+from nxrt.partition import creates_cycle
 from nxrt.provider import EpConfig
 from nxrt.session import DISABLE_CPU_EP_FALLBACK
 from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin

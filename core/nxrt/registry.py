@@ -85,7 +85,15 @@ OUTPUT_COUNT = "_n_outputs"
 
 
 class OpRegistry:
-    """The kernels of one EP, keyed by :class:`OpKey`."""
+    """The kernels of one EP, keyed by :class:`OpKey`.
+
+    An EP whose entries carry more than :class:`KernelEntry` does (mlx: element
+    types, layout changes) subclasses both and sets :attr:`entry_type`; ``op``
+    passes its extra keywords on to that class.
+    """
+
+    #: The class of the entries ``op`` makes.
+    entry_type: type[KernelEntry] = KernelEntry
 
     def __init__(self, name: str = "") -> None:
         self.name = name
@@ -101,24 +109,27 @@ class OpRegistry:
         view_output: int | None = None,
         cost: CostFunction | None = None,
         factory: KernelFactory | None = None,
+        **fields: Any,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering ``fn`` for ``op_type`` from each version in ``since``.
 
         ``factory(ep, node)``, when given, builds the node's kernel instead of
-        binding ``fn`` to the node's attributes.
+        binding ``fn`` to the node's attributes. ``fields`` are those of an
+        :attr:`entry_type` beyond :class:`KernelEntry`'s.
         """
         versions = (since,) if isinstance(since, int) else tuple(since)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             for version in versions:
                 self.add(
-                    KernelEntry(
+                    self.entry_type(
                         OpKey(normalize_domain(domain), op_type, version),
                         fn,
                         tuple(const_inputs),
                         view_output,
                         cost,
                         factory,
+                        **fields,
                     )
                 )
             return fn

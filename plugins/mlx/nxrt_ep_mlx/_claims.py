@@ -1,17 +1,13 @@
-"""Which nodes the mlx EP can run, and how they are grouped into claims.
+"""Which nodes the mlx EP can run, and which of them it claims.
 
 A node is supported when its op has a translator at the node's opset, every
 attribute is one the translator knows, its inputs and outputs have the
 element types the op table allows, its shape-deciding inputs are constants,
 and the op's own check passes. :func:`refusal` says why when it is not; the
 EP's kernel-matching hook passes that reason on to the partition report.
-
-Supported nodes are grouped greedily in the graph's (topological) order: a
-node joins the claims of its producers, merging them, as long as every value
-a claim reads from outside is produced *before the claim's first node*. Under
-that rule the executor can run each claim where its first node stood, so no
-claim can close a cycle, with the nodes outside or with another claim; a
-producer that would break it starts a new claim instead.
+:func:`claimable` then leaves out constant work that only other EPs read.
+Grouping the claimable nodes into claims is core's
+(:func:`nxrt.claims.group_claims`: maximal, and safe to contract).
 """
 
 from __future__ import annotations
@@ -19,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
 from onnx_ir import TensorType
 
 from nxrt.kernel import attribute_values
 from nxrt.registry import normalize_domain
+from nxrt_ep_mlx._graph import constant_array, is_used, node_opset
 from nxrt_ep_mlx.ops import MLX_OPS
 from nxrt_ep_mlx.ops._registry import FLOATS, MlxOp
 
@@ -33,47 +29,11 @@ if TYPE_CHECKING:
 _TYPE_NAMES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
 
 
-def node_opset(node: ir.Node, opsets: Mapping[str, int]) -> int:
-    """The opset a node follows: its own version if set, else the model's import."""
-    if node.version is not None:
-        return int(node.version)
-    imports = {normalize_domain(d): v for d, v in opsets.items()}
-    return int(imports.get(normalize_domain(node.domain), 0))
-
-
-def constant_array(value: ir.Value) -> np.ndarray | None:
-    """A value's data if it is known before any run: an initializer or a Constant's output."""
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    producer = value.producer()
-    if producer is None or producer.op_type != "Constant" or normalize_domain(producer.domain):
-        return None
-    attrs = attribute_values(producer)
-    if "value" in attrs:
-        return np.asarray(attrs["value"])
-    for name, dtype in (
-        ("value_float", np.float32),
-        ("value_floats", np.float32),
-        ("value_int", np.int64),
-        ("value_ints", np.int64),
-    ):
-        if name in attrs:
-            return np.asarray(attrs[name], dtype)
-    return None
-
-
 def lookup(node: ir.Node, opset: int) -> MlxOp | None:
     if normalize_domain(node.domain):
         return None
     entry = MLX_OPS.lookup("", node.op_type, opset)
     return entry if isinstance(entry, MlxOp) else None
-
-
-def is_used(value: ir.Value | None) -> bool:
-    """A named output that some node or the graph reads."""
-    return (
-        value is not None and bool(value.name) and (bool(value.uses()) or value.is_graph_output())
-    )
 
 
 def _type_name(value: ir.Value) -> str:
@@ -157,62 +117,3 @@ def claimable(nodes: Sequence[ir.Node], opsets: Mapping[str, int]) -> list[ir.No
         ):
             chosen.add(id(node))
     return [n for n in nodes if id(n) in chosen]
-
-
-class _Group:
-    """Positions of a claim's nodes, its first position, and its outside producers."""
-
-    __slots__ = ("external", "first", "members")
-
-    def __init__(self, position: int, producers: set[int]) -> None:
-        self.members = {position}
-        self.first = position
-        self.external = set(producers)
-
-    def ok(self) -> bool:
-        return not self.external or max(self.external) < self.first
-
-
-def group(graph: ir.Graph, nodes: Sequence[ir.Node]) -> list[list[ir.Node]]:
-    """Split ``nodes`` into weakly connected groups that are safe to contract (module doc)."""
-    order = list(graph)
-    position = {id(n): i for i, n in enumerate(order)}
-    owner: dict[int, _Group] = {}
-    for node in sorted(nodes, key=lambda n: position[id(n)]):
-        here = position[id(node)]
-        producers = {position[id(p)] for p in node.predecessors() if id(p) in position}
-        touching = list({id(owner[p]): owner[p] for p in producers if p in owner}.values())
-        placed = None
-        if touching:
-            placed = _merge(touching, here, producers, owner)
-            if placed is None:
-                for candidate in sorted(touching, key=lambda g: -len(g.members)):
-                    placed = _merge([candidate], here, producers, owner)
-                    if placed is not None:
-                        break
-        if placed is None:
-            owner[here] = _Group(here, producers)
-    groups = {id(g): g for g in owner.values()}.values()
-    return [[order[i] for i in sorted(g.members)] for g in sorted(groups, key=lambda g: g.first)]
-
-
-def _merge(
-    groups: list[_Group], here: int, producers: set[int], owner: dict[int, _Group]
-) -> _Group | None:
-    """Join node ``here`` and ``groups`` into the largest of them, if the result is safe."""
-    candidates = set(producers).union(*(g.external for g in groups))
-    external = {e for e in candidates if not any(e in g.members for g in groups)}
-    first = min(g.first for g in groups)
-    if external and max(external) >= first:
-        return None
-    target = max(groups, key=lambda g: len(g.members))
-    for other in groups:
-        if other is not target:
-            target.members |= other.members
-            for member in other.members:
-                owner[member] = target
-    target.members.add(here)
-    target.external = external
-    target.first = first
-    owner[here] = target
-    return target

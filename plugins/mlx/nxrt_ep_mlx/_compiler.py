@@ -23,8 +23,9 @@ import numpy as np
 from nxrt.errors import KernelFailed
 from nxrt.kernel import Kernel, attribute_values
 from nxrt_ep_mlx._backend import mx
-from nxrt_ep_mlx._claims import constant_array, lookup, node_opset
+from nxrt_ep_mlx._claims import lookup
 from nxrt_ep_mlx._convert import mx_dtype, to_mx, to_numpy
+from nxrt_ep_mlx._graph import constant_array, node_opset
 from nxrt_ep_mlx.ops._registry import Prepare
 
 if TYPE_CHECKING:

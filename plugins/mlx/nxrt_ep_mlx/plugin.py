@@ -3,11 +3,11 @@
 Importing this module, and registering, does not import MLX: the EP imports
 it when it is instantiated.
 
-The EP works through claims only: ``nxrt_claim_subgraphs`` claims connected,
-cycle-safe groups of the nodes it supports and each claim is compiled into
-one MLX function. ``nxrt_match_kernel`` therefore never matches a single
-node; it answers why a node was not claimed, which the partition report shows
-beside the node's fallback EP.
+The EP works through claims only: ``nxrt_claim_subgraphs`` claims maximal
+connected, cycle-safe groups of the nodes it supports (core's grouping), and
+each claim is compiled into one MLX function. ``nxrt_match_kernel`` therefore
+never matches a single node; it answers why a node was not claimed, which the
+partition report shows beside the node's fallback EP.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import nxrt
+from nxrt.claims import group_claims
 from nxrt.kernel import KernelMatch, SubgraphClaim
 from nxrt.weight import ExecutionProviderCapabilities
 
@@ -76,10 +77,10 @@ def nxrt_claim_subgraphs(
 ) -> list[SubgraphClaim] | None:
     if ep.id != EP_ID:
         return None
-    from nxrt_ep_mlx._claims import claimable, group
+    from nxrt_ep_mlx._claims import claimable
 
     chosen = claimable(nodes, ep.opsets_for(graph))  # type: ignore[attr-defined]
-    return [SubgraphClaim(ep.id, members) for members in group(graph, chosen)]
+    return [SubgraphClaim(ep.id, members) for members in group_claims(list(graph), chosen)]
 
 
 @nxrt.hookimpl

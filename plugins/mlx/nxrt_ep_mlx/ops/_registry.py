@@ -16,12 +16,13 @@ that refuses nodes whose attributes the translator does not handle.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nxrt.registry import KernelEntry, OpKey, OpRegistry
+from nxrt.registry import KernelEntry, OpRegistry
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -32,8 +33,6 @@ Check = Callable[["ir.Node", Mapping[str, Any]], str]
 #: ``prepare(array, attrs) -> array``: an input's layout change, done once for constants.
 Prepare = Callable[[Any, Mapping[str, Any]], Any]
 
-MLX_OPS = OpRegistry("mlx")
-
 # ONNX element types (TensorProto numbers), grouped as the op table uses them.
 FLOAT, INT32, INT64, BOOL, FLOAT16, BFLOAT16 = 1, 6, 7, 9, 10, 16
 FLOATS = frozenset({FLOAT, FLOAT16, BFLOAT16})
@@ -43,28 +42,7 @@ BOOLS = frozenset({BOOL})
 
 @dataclass
 class MlxOp(KernelEntry):
-    """A translator and what claiming needs to know about it."""
-
-    input_types: Mapping[int, frozenset[int]] = field(default_factory=dict)
-    output_types: frozenset[int] = FLOATS
-    prepare: Mapping[int, Prepare] = field(default_factory=dict)
-    check: Check | None = None
-    attributes: frozenset[str] = frozenset()
-    max_outputs: int | None = 1
-
-
-def op(
-    op_type: str,
-    since: int | Sequence[int],
-    *,
-    const_inputs: Sequence[int] = (),
-    input_types: Mapping[int, frozenset[int]] | None = None,
-    output_types: frozenset[int] = FLOATS,
-    prepare: Mapping[int, Prepare] | None = None,
-    check: Check | None = None,
-    max_outputs: int | None = 1,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn`` as the translator of ``op_type`` from each version in ``since``.
+    """A translator and what claiming needs to know about it.
 
     ``input_types`` maps an input index to the element types it may have
     (other inputs: :data:`FLOATS`); ``prepare`` maps an input index to a
@@ -72,28 +50,28 @@ def op(
     once when the input is a constant, in the traced graph otherwise);
     ``max_outputs=None`` means as many outputs as the node has (Split).
     """
-    versions = (since,) if isinstance(since, int) else tuple(since)
 
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        attributes = frozenset(
+    input_types: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    output_types: frozenset[int] = FLOATS
+    prepare: Mapping[int, Prepare] = field(default_factory=dict)
+    check: Check | None = None
+    max_outputs: int | None = 1
+
+    @functools.cached_property
+    def attributes(self) -> frozenset[str]:
+        """The attributes the translator takes: its keyword-only parameters."""
+        return frozenset(
             name
-            for name, p in inspect.signature(fn).parameters.items()
+            for name, p in inspect.signature(self.fn).parameters.items()
             if p.kind is inspect.Parameter.KEYWORD_ONLY
         )
-        for version in versions:
-            MLX_OPS.add(
-                MlxOp(
-                    OpKey("", op_type, version),
-                    fn,
-                    tuple(const_inputs),
-                    input_types=dict(input_types or {}),
-                    output_types=output_types,
-                    prepare=dict(prepare or {}),
-                    check=check,
-                    attributes=attributes,
-                    max_outputs=max_outputs,
-                )
-            )
-        return fn
 
-    return register
+
+class MlxOps(OpRegistry):
+    """The op table; ``op`` takes the fields of :class:`MlxOp` besides the common ones."""
+
+    entry_type = MlxOp
+
+
+MLX_OPS = MlxOps("mlx")
+op = MLX_OPS.op

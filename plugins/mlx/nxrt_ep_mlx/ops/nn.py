@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nxrt_ep_mlx._backend import mx
+from nxrt_ep_mlx._graph import constant_array
 from nxrt_ep_mlx.ops._registry import op
 
 if TYPE_CHECKING:
@@ -400,8 +401,6 @@ def dropout_7(x: mx.array, /, *, ratio: float = 0.5) -> mx.array:
 def _check_dropout(node: ir.Node, attrs: Mapping[str, Any]) -> str:
     training = node.inputs[2] if len(node.inputs) > 2 else None
     if training is not None:
-        from nxrt_ep_mlx._claims import constant_array
-
         value = constant_array(training)
         if value is None or bool(np.asarray(value).reshape(-1)[0]):
             return "training_mode is not a constant false"
