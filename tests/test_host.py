@@ -386,7 +386,8 @@ def test_every_hookspec_is_documented_and_tested(spec):
     doc = inspect.getdoc(spec) or ""
     for param in inspect.signature(spec).parameters:
         assert f":param {param}:" in doc, f"{spec.__name__} does not document {param}"
-    assert ":returns:" in doc and "Implemented by:" in doc and "versionadded" in doc
+    assert ":returns:" in doc and "versionadded" in doc
+    assert "Implemented by:" not in doc  # derived from the plugins in docs/hooks.md
     tests = "".join(p.read_text() for p in pathlib.Path(__file__).parent.glob("test_*.py"))
     assert f"def test_hook_{spec.__name__}(" in tests
 

@@ -1,13 +1,14 @@
 """Hook specifications: everything an execution-provider plugin can implement.
 
 Plugins implement these with ``@nxrt.hookimpl``; they are found by that
-marker only. The hooks fall in four families, in the order below:
+marker only. The hooks fall in five families, in the order below:
 
 - **registration** — a plugin adds its EPs and their kernel tables;
 - **capability advertisement** — what an EP offers (weight paging,
   EPContext support, device type, dtypes);
 - **kernel matching and subgraph claims** — which nodes an EP can run, at what
   cost, and which connected sets of nodes it will fuse into one kernel;
+- **optimizer passes** — graph rewrites (fusions) an EP contributes;
 - **EPContext** — turning a compiled partition into an ``EpContext`` and back.
 
 Hooks run only while a session is created, never inside ``run``: a pluggy
@@ -15,22 +16,34 @@ call costs several microseconds, more than nxrt's whole per-node budget.
 ``nxrt.host.Host`` is the only caller; it calls each plugin separately, so
 one plugin's exception becomes a record naming that plugin (``EpLoadFailed``
 at load time, ``EpPanicked`` later) while every other plugin keeps working.
+Under ``NXRT_STRICT_PLUGINS=1`` every such failure is raised instead.
 
 Session creation calls the hooks in this order:
 
 1. ``nxrt_register(registry)`` — once per plugin, when a session (or
    ``nxrt providers``) builds the registries from the plugin manager.
-2. ``nxrt_ep_capabilities(ep)`` — once per EP the session uses.
-3. ``nxrt_load_context(ep, context)`` — for each ``EPContext`` node of the
+2. ``nxrt_ep_capabilities(ep)`` — once per EP the session uses, after the
+   EP is instantiated and initialised.
+3. ``nxrt_match_kernel(ep, node, opset)`` — already during constant
+   folding: for each node whose inputs are all constants, core asks the
+   session's host-memory EPs in priority order whether they run it, and
+   computes it with the first matching EP's kernel.
+4. ``nxrt_optimizer_passes(ep)`` — once, for the session's first EP.
+5. ``nxrt_load_context(ep, context)`` — for each ``EPContext`` node of the
    model, on the EP that owns its ``source`` key.
-4. For each EP in the session's priority order:
+6. For each EP in the session's priority order:
 
-   a. ``nxrt_claim_subgraphs(ep, graph, nodes, opsets)`` — once, with the
-      nodes no EP ahead of it has taken;
-   b. ``nxrt_match_kernel(ep, node, opset)`` — for each node still unplaced.
+   - ``nxrt_claim_subgraphs(ep, graph, nodes, opsets)`` — once, with the
+     nodes no EP ahead of it has taken;
+   - ``nxrt_match_kernel(ep, node, opset)`` — for each node still unplaced.
 
-5. ``nxrt_save_context(ep, claim, kernel)`` — only when a compiled model is
-   being written (``nxrt compile``), once per compiled claim.
+7. ``nxrt_save_context(ep, claim, kernel)`` — only when ``nxrt compile``
+   writes a model, once per compiled claim.
+
+Steps 3 and 4 run only with graph optimizations on (the default). The body
+of an If, Loop or Scan goes through step 6 on its own. When the caller gives
+no ``providers``, the provider-selection policy may build several candidate
+sessions, and so call these hooks once per candidate.
 """
 
 from __future__ import annotations
@@ -79,12 +92,11 @@ def nxrt_register(registry: Registrar) -> None:
 
     If this hook raises or registers something malformed, the plugin becomes
     an ``EpLoadFailed`` record (shown by ``nxrt providers``), its partial
-    registrations are discarded, and every other plugin keeps working.
-    Hook wrappers are not supported on this hook.
+    registrations are discarded, and every other plugin keeps working
+    (raised instead under ``NXRT_STRICT_PLUGINS=1``). Hook wrappers are not
+    supported on this hook.
 
     .. versionadded:: 0.1
-
-    Implemented by: cpu.
     """
 
 
@@ -113,11 +125,10 @@ def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities
     plugin.
 
     If this hook raises or returns another type, the plugin becomes an
-    ``EpLoadFailed`` record and the EP is treated as stock.
+    ``EpLoadFailed`` record and the EP is treated as stock (raised instead
+    under ``NXRT_STRICT_PLUGINS=1``).
 
     .. versionadded:: 0.1
-
-    Implemented by: cpu.
     """
 
 
@@ -153,15 +164,14 @@ def nxrt_claim_subgraphs(
 
     Ownership: the host asks only the plugin that registered ``ep``.
 
-    If this hook raises, the EP makes no claims for this session and the
-    failure is recorded against the plugin (``EpPanicked``).
+    If this hook raises or returns something other than claims, the EP makes
+    no claims for this session and the failure is recorded against the
+    plugin (``EpPanicked``; raised instead under ``NXRT_STRICT_PLUGINS=1``).
 
     .. versionadded:: 0.1
 
     .. versionchanged:: 0.1
         ``opsets`` added.
-
-    Implemented by: mlx, legacy_abi.
     """
 
 
@@ -170,7 +180,10 @@ def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> Kerne
     """Say whether the EP can run one node, and at what cost.
 
     Called at session creation for each node × EP in priority order, until an
-    EP matches: the first EP whose answer is supported wins the node.
+    EP matches: the first EP whose answer is supported wins the node. Called
+    earlier too, during constant folding, for each node whose inputs are all
+    constants, on the session's host-memory EPs in priority order: the first
+    that matches computes the node's value once, with the kernel it matched.
 
     :param ep: The EP being asked.
     :param node: The node (read-only), with inferred shapes and dtypes on its
@@ -187,12 +200,12 @@ def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> Kerne
 
     Ownership: the host asks only the plugin that registered ``ep``.
 
-    If this hook raises, the node is treated as unsupported by this EP with
-    the exception as the reason, and the plugin's failure is recorded.
+    If this hook raises, or answers supported for an op the EP registered no
+    kernel for, the node is treated as unsupported by this EP with the
+    exception as the reason, and the failure is recorded against the plugin
+    (``EpPanicked``; raised instead under ``NXRT_STRICT_PLUGINS=1``).
 
     .. versionadded:: 0.1
-
-    Implemented by: cpu.
     """
 
 
@@ -243,8 +256,10 @@ def nxrt_save_context(
 ) -> EpContext | None:
     """Turn a compiled partition into an :class:`~nxrt.epcontext.EpContext`.
 
-    Called when a compiled model is written, once per accepted claim of an EP
-    that advertises the ``"epcontext"`` capability.
+    Called only when ``nxrt compile`` (``nxrt.compile.compile_model``) writes
+    a model, once per compiled claim, after the session that compiled it was
+    created (without graph optimizations, so the written model keeps the
+    input's nodes).
 
     :param ep: The EP that compiled the partition.
     :param claim: The claim, with its boundary ``inputs`` and ``outputs``.
@@ -252,18 +267,17 @@ def nxrt_save_context(
 
     :returns: The context (its ``source`` must be one of the keys the EP
         declared with ``context_sources``), or ``None`` for EPs your plugin
-        does not provide.
+        does not provide or that do not save contexts; the claim's nodes are
+        then written as they were, and the compile report says why.
 
     Stops at the first non-``None`` result.
 
     Ownership: the host asks only the plugin that registered ``ep``.
 
-    If this hook raises, the partition is written uncompiled and the failure
-    is reported.
+    If this hook raises, ``nxrt compile`` fails with that error and writes
+    nothing (the output is written atomically, at the end).
 
     .. versionadded:: 0.1
-
-    Implemented by: none of the shipped EPs yet (mlx and legacy_abi will).
     """
 
 
@@ -291,8 +305,6 @@ def nxrt_load_context(ep: ExecutionProvider, context: EpContext) -> Kernel | Non
     model cannot run without the partition.
 
     .. versionadded:: 0.1
-
-    Implemented by: none of the shipped EPs yet (mlx and legacy_abi will).
     """
 
 
