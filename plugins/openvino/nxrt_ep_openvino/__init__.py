@@ -1,0 +1,3 @@
+"""nxrt's OpenVINO execution provider."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,99 @@
+"""Hook implementations of the openvino EPs (and nothing else).
+
+Registering does not import OpenVINO: ``openvino`` (the CPU) is always
+offered, other devices only when ``NXRT_OPENVINO_DEVICES`` asks (see
+:mod:`nxrt_ep_openvino.provider`), and OpenVINO opens when a session
+instantiates an EP.
+
+The EPs work through claims only: ``nxrt_claim_subgraphs`` claims maximal
+cycle-safe groups of the nodes OpenVINO converts and each claim is compiled
+into one OpenVINO model. ``nxrt_match_kernel`` therefore never matches a
+single node; it answers why a node was not claimed (OpenVINO's own reason),
+which the partition report shows beside the node's fallback EP.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import nxrt
+from nxrt.weight import ExecutionProviderCapabilities
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.epcontext import EpContext
+    from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
+    from nxrt.provider import ExecutionProvider
+    from nxrt.registry import Registrar
+
+
+def _ours(ep: ExecutionProvider) -> bool:
+    from nxrt_ep_openvino.provider import OpenVinoExecutionProvider
+
+    return isinstance(ep, OpenVinoExecutionProvider)
+
+
+@nxrt.hookimpl
+def nxrt_register(registry: Registrar) -> None:
+    from nxrt_ep_openvino.provider import CPU, create_ep, discover_eps
+
+    for spec in discover_eps():
+        registry.add_provider(
+            spec.id,
+            functools.partial(create_ep, spec),
+            device_type="cpu",
+            context_sources=(spec.id,),
+            aliases=("OpenVINOExecutionProvider",) if spec.device == CPU else (),
+            description=spec.description,
+            # By default after mlx and the ORT bridge, before the cpu EP: ask for it by name
+            # (providers=["openvino", "cpu"]) to have it first.
+            priority=5,
+        )
+
+
+@nxrt.hookimpl
+def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities | None:
+    if not _ours(ep):
+        return None
+    flags = [
+        "epcontext",
+        f"device:{ep.device_type}",
+        f"openvino:{ep.device}",  # type: ignore[attr-defined]
+        f"precision:{ep.precision}",  # type: ignore[attr-defined]
+    ]
+    flags += [f"dtype:{t}" for t in ("float32", "float16", "bfloat16", "int64", "int32", "bool")]
+    return ExecutionProviderCapabilities.from_flags(flags)
+
+
+@nxrt.hookimpl
+def nxrt_claim_subgraphs(
+    ep: ExecutionProvider, graph: ir.Graph, nodes: list[ir.Node], opsets: dict[str, int]
+) -> list[SubgraphClaim] | None:
+    if not _ours(ep):
+        return None
+    return ep.claim(graph, nodes, opsets)  # type: ignore[attr-defined]
+
+
+@nxrt.hookimpl
+def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> KernelMatch | None:
+    if not _ours(ep):
+        return None
+    return ep.match(node, opset)  # type: ignore[attr-defined]
+
+
+@nxrt.hookimpl
+def nxrt_save_context(
+    ep: ExecutionProvider, claim: SubgraphClaim, kernel: Kernel
+) -> EpContext | None:
+    if not _ours(ep):
+        return None
+    return ep.save_context(claim, kernel)
+
+
+@nxrt.hookimpl
+def nxrt_load_context(ep: ExecutionProvider, context: EpContext) -> Kernel | None:
+    if not _ours(ep):
+        return None
+    return ep.load_context(context)
