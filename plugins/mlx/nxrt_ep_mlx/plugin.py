@@ -104,7 +104,7 @@ def nxrt_save_context(
 ) -> EpContext | None:
     if ep.id != EP_ID:
         return None
-    return ep.save_context(claim, kernel)  # type: ignore[attr-defined]
+    return ep.save_context(claim, kernel)
 
 
 @nxrt.hookimpl

@@ -134,12 +134,6 @@ class MlxExecutionProvider(ExecutionProvider):
         )
 
     # -- memory -------------------------------------------------------------------------------
-    def allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        self._require_initialized()
-        if self.device_type == "cpu":
-            return np.empty(shape, dtype)
-        return self.mx.zeros(shape, dtype=self.mx.array(np.zeros((), dtype)).dtype)
-
     def copy_from_host(self, array: np.ndarray) -> Any:
         """On a GPU, an ``mx.array`` (MLX copies numpy data in); on the CPU, the array itself."""
         if self.device_type == "cpu":
