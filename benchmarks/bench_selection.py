@@ -4,7 +4,9 @@ For each model, one process creates the default session (``providers=None``,
 every installed EP, the measuring policy, a fresh selection cache in a
 temporary folder) twice — the second decides from the cache — and one session
 per explicit choice (each installed EP with ``cpu``, and ``cpu`` alone). All
-sessions are then timed in interleaved blocks (the order rotates each round),
+sessions are then timed in interleaved blocks (the order rotates each round;
+before each block the process sleeps ``--settle-ms``, so the previous runtime's
+spinning threads go idle, and runs once untimed),
 and the table gives each median, the default's ratio to the fastest explicit
 choice, what the default chose, and both creation times of the default.
 
@@ -91,6 +93,8 @@ def bench(label: str, path: str, feeds_of: Callable, args: argparse.Namespace) -
     for round_ in range(args.rounds):
         order = names[round_ % len(names) :] + names[: round_ % len(names)]
         for name in order:
+            time.sleep(args.settle_ms / 1000)  # the last runtime's spinning threads go idle
+            runners[name].run(None, feeds)
             for _ in range(args.block):
                 t0 = time.perf_counter()
                 runners[name].run(None, feeds)
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--block", type=int, default=3)
+    parser.add_argument("--settle-ms", type=float, default=200.0)
     args = parser.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory() as folder:

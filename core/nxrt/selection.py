@@ -28,7 +28,7 @@ imports the pipeline.
 Config entries (``SessionOptions.add_session_config_entry``):
 
 - ``nxrt.selection.budget_ms`` — the measuring budget (default 5000);
-- ``nxrt.selection.runs`` — timed runs per candidate (default 5);
+- ``nxrt.selection.runs`` — timing rounds over the candidates (default 7);
 - ``nxrt.selection.dims`` — values for symbolic dims, e.g. ``batch=8,seq=128``;
   any other dynamic dim is 1;
 - ``nxrt.selection.cache`` — ``0`` turns the on-disk cache off. The cache
@@ -63,7 +63,7 @@ RUNS = "nxrt.selection.runs"
 DIMS = "nxrt.selection.dims"
 CACHE = "nxrt.selection.cache"
 DEFAULT_BUDGET_MS = 5000.0
-DEFAULT_RUNS = 5
+DEFAULT_RUNS = 7
 CACHE_FORMAT = 1
 
 
@@ -240,53 +240,81 @@ def measure(
     runs: int,
     fallback: str = "cpu",
 ) -> tuple[list[str], Any, list[Candidate], str]:
-    """Build and time each candidate; the fastest wins.
+    """Build every candidate, then time them in interleaved rounds; the fastest wins.
 
-    :returns: The winner's providers, its built object (``None`` when it was
-        not kept), every candidate's result, and a note when the budget cut
-        measuring short.
+    Candidates are built (and run once, which also warms them up) best
+    preference first, until the budget is spent; a candidate whose first EP
+    left nodes to the fallback adds a mix with the next EP ahead of the
+    fallback. Timing rotates through the built candidates ``runs`` times, so
+    drift and one runtime's spinning threads do not favour any of them; a
+    fast plan runs several times per turn so each sample spans about a
+    millisecond.
+
+    :returns: The winner's providers, its built object (``None`` when every
+        candidate failed), every candidate's result, and a note when the
+        budget cut measuring short.
     """
     queue = candidates(eps, fallback)
     ids = {e.id for e in eps}
     results: list[Candidate] = []
-    best: tuple[float, list[str], Any] | None = None
+    built: list[tuple[Candidate, Any, int]] = []  # candidate, built plan, runs per sample
     start = time.perf_counter()
     note = ""
+
+    def spent() -> float:
+        return (time.perf_counter() - start) * 1000
+
     while queue:
         providers = queue.pop(0)
         if any(p not in ids for p in providers):
             continue
-        spent = (time.perf_counter() - start) * 1000
-        if best is not None and spent > budget_ms:
-            note = f"budget of {budget_ms:.0f} ms spent; {len(queue) + 1} candidate(s) not measured"
-            results.append(Candidate(providers, skipped="not measured: budget spent"))
-            results.extend(Candidate(p, skipped="not measured: budget spent") for p in queue)
+        if built and spent() > budget_ms:
+            skipped = [providers, *queue]
+            note = f"budget of {budget_ms:.0f} ms spent; {len(skipped)} candidate(s) not measured"
+            results.extend(Candidate(p, skipped="not measured: budget spent") for p in skipped)
             break
         candidate = Candidate(providers)
         results.append(candidate)
         try:
-            built = build(providers)
-            built.run(feeds)  # warm-up: first-run allocations, lazy compilation
-            times = []
-            for _ in range(max(1, runs)):
-                t0 = time.perf_counter()
-                built.run(feeds)
-                times.append((time.perf_counter() - t0) * 1000)
+            plan = build(providers)
+            t0 = time.perf_counter()
+            plan.run(feeds)  # also the warm-up: first-run allocations, lazy compilation
+            first_ms = (time.perf_counter() - t0) * 1000
         except Exception as exc:  # noqa: BLE001 - a candidate that fails is skipped, never fatal
             candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             continue
-        candidate.median_ms = statistics.median(times)
-        if best is None or candidate.median_ms < best[0]:
-            best = (candidate.median_ms, providers, built)
-        if len(providers) == 2 and built.leftover():
+        built.append((candidate, plan, min(50, max(1, int(1.0 / max(first_ms, 1e-3))))))
+        if len(providers) == 2 and plan.leftover():
             for other in order_by_preference(eps):
                 mix = [providers[0], other.id, fallback]
                 if other.id not in providers and other.id != fallback and mix not in queue:
                     queue.insert(0, mix)
                     break
+    samples: dict[int, list[float]] = {i: [] for i in range(len(built))}
+    for round_ in range(max(1, runs)):
+        if round_ >= 2 and spent() > budget_ms:
+            note = note or f"budget of {budget_ms:.0f} ms spent after {round_} timing rounds"
+            break
+        for i in [(round_ + k) % len(built) for k in range(len(built))] if built else []:
+            candidate, plan, repeat = built[i]
+            try:
+                t0 = time.perf_counter()
+                for _ in range(repeat):
+                    plan.run(feeds)
+                samples[i].append((time.perf_counter() - t0) * 1000 / repeat)
+            except Exception as exc:  # noqa: BLE001 - fails on a second run: skipped too
+                candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    best: tuple[float, int] | None = None
+    for i, (candidate, _, _) in enumerate(built):
+        if candidate.skipped or not samples[i]:
+            continue
+        candidate.median_ms = statistics.median(samples[i])
+        if best is None or candidate.median_ms < best[0]:
+            best = (candidate.median_ms, i)
     if best is None:
         return [fallback], None, results, note or "every candidate failed"
-    return best[1], best[2], results, note
+    winner, plan, _ = built[best[1]]
+    return winner.providers, plan, results, note
 
 
 # -- the cache -------------------------------------------------------------------------------------

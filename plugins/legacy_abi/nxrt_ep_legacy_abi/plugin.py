@@ -55,6 +55,8 @@ def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities
         return None
     flags = [f"device:{ep.device_type}", "epcontext", f"ort:{ep.ort_provider}"]
     flags += [f"dtype:{t}" for t in ("float32", "float16", "bfloat16", "float64", "int64", "int32")]
+    # ORT's kernels beat nxrt's numpy ones on the CPU; a device provider comes before both
+    flags.append(f"preference:{10 if ep.device_type == 'cpu' else 30}")
     return ExecutionProviderCapabilities.from_flags(flags)
 
 
