@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,22 @@ def test_a_bad_model_is_a_typed_error_not_a_traceback(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("nxrt: InvalidModel:") and "Traceback" not in result.stderr
     assert bad.read_bytes() == b"\x00\x01 not a model"
+
+
+def test_providers_lists_a_plugin_that_registered_no_ep(tmp_path):
+    dist = tmp_path / "nxrt_ep_empty-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nxrt-ep-empty\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[nxrt]\nempty = nxrt_ep_empty\n")
+    (tmp_path / "nxrt_ep_empty.py").write_text(
+        "import nxrt\n\n\n@nxrt.hookimpl\ndef nxrt_register(registry):\n    pass\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    info = json.loads(nxrt("providers", "--json", env=env).stdout)
+    plugins = {p["name"]: p for p in info["plugins"]}
+    assert plugins["empty"]["eps"] == [] and plugins["empty"]["distribution"] == "nxrt-ep-empty"
+    assert plugins["empty"]["hooks"] == ["nxrt_register"]
+    assert plugins["cpu"]["eps"] == ["cpu"] and info["failed"] == []
+    assert "empty" not in [p["plugin"] for p in info["providers"]]
+    table = nxrt("providers", env=env).stdout
+    assert re.search(r"^empty\s+nxrt-ep-empty 0\.1\s+0$", table, re.MULTILINE), table

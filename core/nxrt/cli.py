@@ -27,7 +27,12 @@ def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 
 def providers_info() -> dict[str, Any]:
-    """Installed plugins, their EPs and capabilities, and plugins that failed to load."""
+    """Installed plugins, their EPs and capabilities, and plugins that failed to load.
+
+    ``plugins`` lists every entry point of group ``nxrt`` that loaded, also one
+    that registered no EP: a plugin that installs but adds nothing is a bug
+    its author has to be able to see.
+    """
     import nxrt
     from nxrt.host import Host
 
@@ -55,8 +60,20 @@ def providers_info() -> dict[str, Any]:
                 ),
             }
         )
+    plugins = [
+        {
+            "name": name,
+            "value": info.value,
+            "distribution": info.distribution,
+            "version": info.version,
+            "eps": [e["id"] for e in eps if e["plugin"] == name],
+            "hooks": sorted(c.name for c in pm.get_hookcallers(pm.get_plugin(name)) or []),
+        }
+        for name, info in sorted(pm.plugin_info.items())
+        if pm.has_plugin(name)
+    ]
     failures = [{"path": f.path, "reason": f.reason} for f in host.failures]
-    return {"providers": eps, "failed": failures}
+    return {"plugins": plugins, "providers": eps, "failed": failures}
 
 
 def _capabilities(host: Any, descriptor: Any) -> list[str] | str:
@@ -76,6 +93,16 @@ def cmd_providers(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
+    plugin_rows = [
+        (
+            p["name"],
+            f"{p['distribution']} {p['version']}".strip(),
+            f"{len(p['eps'])} ({', '.join(p['eps'])})" if p["eps"] else "0",
+        )
+        for p in info["plugins"]
+    ]
+    print(_table(plugin_rows, ("plugin", "distribution", "EPs")))
+    print()
     rows = [
         (
             p["id"],
