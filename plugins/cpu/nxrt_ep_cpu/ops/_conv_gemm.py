@@ -256,7 +256,8 @@ class ConvShape:
                 (0, *win.end),
                 (1, *win.out),
             )
-        return cls(x_shape, w_shape[0], group, dtype, win, one_d)  # type: ignore[arg-type]
+        n, c, h, w = x_shape
+        return cls((n, c, h, w), w_shape[0], group, dtype, win, one_d)
 
     @property
     def cg(self) -> int:
