@@ -350,3 +350,27 @@ def test_compile_uses_the_pipeline_state():
     assert [p.ep for p in state.placement.report.nodes] == ["cpu"] * 4
     assert state.compiled_partitions() == []
     assert len(state.plan.steps) == 4
+
+
+def test_feeds_may_be_tensor_views_or_dlpack_producers(cpu_pm):
+    from nxrt.errors import AlignmentError
+    from nxrt.tensor import TensorView
+
+    class Producer:  # what torch, jax or cupy hand over: only the DLPack protocol
+        def __init__(self, array):
+            self.array = array
+
+        def __dlpack__(self, **kwargs):
+            return self.array.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.array.__dlpack_device__()
+
+    session = nxrt.InferenceSession(crossing_model(), providers=["cpu"], plugin_manager=cpu_pm)
+    want = session.run(None, {"x": X})
+    for feed in (TensorView(X), Producer(X)):
+        for got, expected in zip(session.run(None, {"x": feed}), want):
+            np.testing.assert_array_equal(got, expected)
+    misaligned = np.frombuffer(b"\0" + X.tobytes(), np.uint8)[1:].view(np.float32).reshape(2, 3)
+    with pytest.raises(AlignmentError):
+        session.run(None, {"x": Producer(misaligned)})

@@ -24,6 +24,7 @@ from nxrt.model import numpy_dtype, type_string_of
 from nxrt.partition import PartitionReport
 from nxrt.pipeline import DISABLE_CPU_EP_FALLBACK, DISABLE_MODEL_COMPILE, ProviderRequest
 from nxrt.selection import ExecutionProviderDevicePolicy
+from nxrt.tensor import TensorMut, TensorView
 
 #: ONNX Runtime's name for the provider-selection policies.
 OrtExecutionProviderDevicePolicy = ExecutionProviderDevicePolicy
@@ -118,6 +119,15 @@ def _describe_values(values: Sequence[ir.Value]) -> list[NodeArg]:
             ]
         args.append(NodeArg(value.name, shape, type_string_of(value.type)))
     return args
+
+
+def _host_array(value: Any) -> np.ndarray:
+    """A feed that is not a numpy array: DLPack producers and buffers arrive zero-copy
+    through :class:`~nxrt.tensor.TensorView` (which checks dtype and alignment); anything
+    else through ``np.asarray``."""
+    if hasattr(value, "__dlpack__") or isinstance(value, (TensorView, TensorMut)):
+        return TensorView(value).array
+    return np.asarray(value)
 
 
 class InferenceSession:
@@ -289,7 +299,7 @@ class InferenceSession:
             if kind == "OptionalType" and value is None:
                 feeds[name] = None
                 continue
-            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            array = value if isinstance(value, np.ndarray) else _host_array(value)
             if name in expected and kind == "TensorType":
                 self._check_feed(expected[name], array)
             if not array.flags.c_contiguous:
