@@ -3,7 +3,8 @@
 Bounded for CI (``NXRT_FUZZ_EXAMPLES`` raises the count on demand). Every
 outcome is one of: nxrt and onnxruntime agree; both refuse the model; or
 nxrt refuses it with a typed nxrt error. A crash, a hang or a foreign
-exception fails the test.
+exception fails the test. Each test counts and prints its own outcomes, so
+any one of them can run alone.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ UNARY = ["Relu", "Neg", "Abs", "Exp", "Tanh", "Sigmoid", "Softsign", "Floor", "S
 BINARY = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"]
 REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax"]
 SHAPE = (2, 3, 4)
-OUTCOMES: Counter[str] = Counter()
 
 
 @st.composite
@@ -80,9 +80,22 @@ def feeds(seed):
     return {n: rng.uniform(0.1, 2.0, SHAPE).astype(np.float32) for n in ("x", "y")}
 
 
+def report(title: str, outcomes: Counter[str], capsys) -> None:
+    """Print a test's outcome counts, and check that every example was counted."""
+    with capsys.disabled():
+        print(f"\nfuzz outcomes, {title}: {dict(sorted(outcomes.items()))}")
+    assert sum(outcomes.values()) >= EXAMPLES
+
+
+def test_random_graphs_agree_with_onnxruntime(capsys):
+    outcomes: Counter[str] = Counter()
+    random_graph_agrees(outcomes=outcomes)
+    report("random graphs", outcomes, capsys)
+
+
 @FUZZ
 @given(model=graphs(), seed=st.integers(0, 2**16))
-def test_random_graphs_agree_with_onnxruntime(model, seed):
+def random_graph_agrees(model, seed, outcomes):
     data = model.SerializeToString()
     try:
         expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(
@@ -94,15 +107,21 @@ def test_random_graphs_agree_with_onnxruntime(model, seed):
         got = nxrt.InferenceSession(data, providers=["cpu"]).run(None, feeds(seed))
     except NxrtError:
         assert expected is None, "nxrt refused a model onnxruntime runs"
-        OUTCOMES["graphs: both refused"] += 1
+        outcomes["both refused"] += 1
         return
-    OUTCOMES["graphs: agreed" if expected is not None else "graphs: only nxrt ran"] += 1
+    outcomes["agreed" if expected is not None else "only nxrt ran"] += 1
     if expected is not None:
         for a, b in zip(got, expected):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
 SQUEEZENET = open(light_model_path("squeezenet"), "rb").read()
+
+
+def test_mutated_model_bytes_give_typed_errors(capsys):
+    outcomes: Counter[str] = Counter()
+    mutated_bytes_fail_typed(outcomes=outcomes)
+    report("mutated bytes", outcomes, capsys)
 
 
 @FUZZ
@@ -112,7 +131,7 @@ SQUEEZENET = open(light_model_path("squeezenet"), "rb").read()
     ),
     cut=st.integers(1, len(SQUEEZENET)),
 )
-def test_mutated_model_bytes_give_typed_errors(edits, cut):
+def mutated_bytes_fail_typed(edits, cut, outcomes):
     data = bytearray(SQUEEZENET[:cut])
     for position, byte in edits:
         if position < len(data):
@@ -123,15 +142,9 @@ def test_mutated_model_bytes_give_typed_errors(edits, cut):
             a.name: [d if isinstance(d, int) else 1 for d in a.shape] for a in session.get_inputs()
         }
         if any(np.prod(shape) > 2_000_000 for shape in shapes.values()):
-            OUTCOMES["mutated bytes: created, inputs too large to feed"] += 1
+            outcomes["created, inputs too large to feed"] += 1
             return
         session.run(None, {name: np.zeros(shape, np.float32) for name, shape in shapes.items()})
-        OUTCOMES["mutated bytes: ran"] += 1
+        outcomes["ran"] += 1
     except NxrtError as exc:
-        OUTCOMES[f"mutated bytes: {type(exc).__name__}"] += 1
-
-
-def test_report_fuzz_outcomes(capsys):
-    with capsys.disabled():
-        print(f"\nfuzz outcomes: {dict(sorted(OUTCOMES.items()))}")
-    assert sum(OUTCOMES.values()) >= 2 * EXAMPLES
+        outcomes[type(exc).__name__] += 1
