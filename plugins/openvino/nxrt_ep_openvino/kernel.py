@@ -24,6 +24,13 @@ def _port_names(port: Any) -> set[str]:
     return set(port.get_names())
 
 
+def _contiguous(value: Any) -> np.ndarray:
+    """A C-contiguous array OpenVINO can read in place (0-d arrays stay 0-d)."""
+    if type(value) is np.ndarray and value.flags.c_contiguous:
+        return value
+    return np.asarray(value, order="C")
+
+
 class OpenVinoKernel(Kernel):
     """Runs one compiled claim.
 
@@ -31,6 +38,9 @@ class OpenVinoKernel(Kernel):
     :param inputs: The value names ``compute`` receives, in order (a claim's
         boundary inputs; weights among them are already in the compiled model).
     :param outputs: The value names ``compute`` returns, in order.
+    :param feeds: The values the compiled model's inputs stand for, in port order
+        (OpenVINO may rename a parameter after the output it passes through, so the
+        port's own names are checked first, then this order).
     :param name: The partition name, for traces and contexts.
     :param source: Rebuilds the claim's standalone ONNX bytes (kept in an EPContext
         so a later OpenVINO can recompile it); ``None`` when there is none.
@@ -46,6 +56,7 @@ class OpenVinoKernel(Kernel):
         compiled: Any,
         inputs: Sequence[str],
         outputs: Sequence[str],
+        feeds: Sequence[str],
         *,
         name: str = "",
         source: Callable[[], bytes] | None = None,
@@ -60,8 +71,10 @@ class OpenVinoKernel(Kernel):
         self.source = source
         position = {n: i for i, n in enumerate(self.inputs)}
         self.feeds: list[int] = []  # index in ``inputs`` of each compiled input, in port order
-        for port in compiled.inputs:
+        for i, port in enumerate(compiled.inputs):
             names = _port_names(port) & position.keys()
+            if not names and i < len(feeds) and feeds[i] in position:
+                names = {feeds[i]}
             if not names:
                 raise KernelFailed(
                     f"the compiled partition {name!r} reads {sorted(_port_names(port))}, "
@@ -88,7 +101,7 @@ class OpenVinoKernel(Kernel):
 
     def compute(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         request = self._request()
-        feeds = [np.ascontiguousarray(inputs[i]) for i in self.feeds]
+        feeds = [_contiguous(inputs[i]) for i in self.feeds]
         try:
             results = request.infer(feeds, share_inputs=True, share_outputs=False)
         except Exception as exc:  # noqa: BLE001 - OpenVINO's errors carry its own reason

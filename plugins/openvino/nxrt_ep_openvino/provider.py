@@ -285,7 +285,7 @@ class OpenVinoExecutionProvider(ExecutionProvider):
         opsets = dict(self._opsets or graph.opset_imports)
         done = capability.take(claim)
         if done is not None:
-            compiled, weights = done.model, done.weights
+            compiled, weights, feeds = done.model, done.weights, done.feeds
         else:
             try:
                 converted = capability.convert(claim, graph, opsets)
@@ -294,7 +294,7 @@ class OpenVinoExecutionProvider(ExecutionProvider):
                     f"OpenVINO {self.version} cannot convert partition {claim.name!r}: {exc}"
                 ) from exc
             compiled = self._compile(converted.model, claim.name, short_reason)
-            weights = converted.weights
+            weights, feeds = converted.weights, converted.feeds
 
         def source() -> bytes:  # rebuilt when a context is saved, never kept
             return claim_model(claim, graph, opsets).SerializeToString()
@@ -304,6 +304,7 @@ class OpenVinoExecutionProvider(ExecutionProvider):
             compiled,
             claim.inputs,
             claim.outputs,
+            feeds,
             name=claim.name,
             source=source,
             weights=weights,
@@ -402,6 +403,7 @@ class OpenVinoExecutionProvider(ExecutionProvider):
             compiled,
             context.inputs,
             context.outputs,
+            context.inputs,
             name=name,
             source=(lambda: onnx_bytes) if onnx_bytes else None,
             reason=reason,
