@@ -102,11 +102,17 @@ def test_inputs_outputs_and_providers(cpu_pm):
     assert {a.name for a in session.get_overridable_initializers()} == set()
 
 
-def test_default_providers_are_every_installed_ep_cpu_last(cpu_pm):
+def test_default_providers_are_chosen_among_every_installed_ep_cpu_last(cpu_pm):
+    options = nxrt.SessionOptions()
+    options.set_provider_selection_policy("PRIORITY")
     with register_plugin(cpu_pm, ToyPlugin(), "toy"):
-        session = nxrt.InferenceSession(mlp_model(), plugin_manager=cpu_pm)
-    assert session.get_providers() == ["toy", "cpu"]
-    assert [p.ep for p in session.get_partition().nodes] == ["cpu", "toy", "cpu", "cpu"]
+        measured = nxrt.InferenceSession(mlp_model(), plugin_manager=cpu_pm)
+        ordered = nxrt.InferenceSession(mlp_model(), options, plugin_manager=cpu_pm)
+    candidates = [c.providers for c in measured.get_partition().selection.candidates]
+    assert candidates == [["toy", "cpu"], ["cpu"]]
+    assert measured.get_providers() in candidates
+    assert ordered.get_providers() == ["toy", "cpu"]
+    assert [p.ep for p in ordered.get_partition().nodes] == ["cpu", "toy", "cpu", "cpu"]
 
 
 def test_get_available_providers_lists_installed_cpu():
@@ -278,7 +284,11 @@ def faulty_plugin(error: BaseException):
     "error, expected, message",
     [
         (KernelFailed("weights exploded"), KernelFailed, "node 'relu' \\(Relu\\) on EP 'faulty'"),
-        (ZeroDivisionError("oops"), EpPanicked, "node 'relu' \\(Relu\\) on EP 'faulty'.*oops"),
+        (ZeroDivisionError("oops"), EpPanicked, "'faulty' failed in node 'relu' \\(Relu\\).*oops"),
+            ZeroDivisionError("oops"),
+            EpPanicked,
+            "EP 'faulty' failed in node 'relu' \\(Relu\\).*oops",
+        ),
     ],
 )
 def test_kernel_errors_are_typed_and_the_session_stays_usable(cpu_pm, error, expected, message):
