@@ -1,17 +1,22 @@
 # Two commands set everything up: `make run` and `make test`.
+# `make test-fast` skips the slow tests (pip installs, the EP kit, conformance suites, real
+# models); `make lint` is ruff check and ruff format --check over the repository.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.nxrt-installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-fast lint bench clean
 
 run: $(STAMP)
 	$(VENV)/bin/nxrt run
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -14,6 +14,8 @@ import pytest
 
 from nxrt.conformance import Summary, check_case, node_cases, package_exclusions, run_cases
 
+pytestmark = pytest.mark.slow  # the whole ONNX node suite, in worker processes
+
 CASES = node_cases()
 EXCLUDED = package_exclusions("nxrt_ep_cpu.plugin")
 

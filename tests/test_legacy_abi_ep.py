@@ -194,6 +194,7 @@ def test_hook_nxrt_ep_capabilities(pm):
 # -- whole models ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_is_one_claim_and_matches_onnxruntime(pm, name):
     path = light_model_path(name)

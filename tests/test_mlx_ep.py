@@ -376,6 +376,7 @@ def test_a_saved_context_runs_in_a_fresh_process(mlx_pm, tmp_path):
 # -- whole models ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_matches_onnxruntime(name):
     path = light_model_path(name)

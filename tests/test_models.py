@@ -14,6 +14,7 @@ import nxrt
 from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_matches_stored_output_and_onnxruntime(name):
     path = light_model_path(name)

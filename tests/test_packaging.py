@@ -12,6 +12,8 @@ import pytest
 
 from fresh_venv import ROOT, create, pip_install, run
 
+pytestmark = pytest.mark.slow  # real pip into fresh virtual environments
+
 
 @pytest.fixture
 def python(tmp_path) -> Path:
