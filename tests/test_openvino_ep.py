@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import nxrt_ep_openvino.plugin as openvino_plugin
@@ -358,24 +358,18 @@ def test_dynamic_batch_is_compiled_once_and_right_for_every_size(pm):
 
 
 def test_runs_from_several_threads(pm):
+    """Each thread gets its own infer request; the compiled model is shared."""
     session = nxrt.InferenceSession(mlp(), providers=["openvino"], plugin_manager=pm)
     feeds = [mlp_feeds(batch=1 + i % 3, seed=i) for i in range(8)]
     expected = [session.run(None, f)[0] for f in feeds]
-    results: dict[int, list[np.ndarray]] = {i: [] for i in range(8)}
-
-    def work(i: int) -> None:
-        for _ in range(20):
-            results[i].append(session.run(None, feeds[i])[0])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for i in range(8):
-        assert len(results[i]) == 20
-        for got in results[i]:
-            np.testing.assert_array_equal(got, expected[i])
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(
+            pool.map(lambda i: [session.run(None, feeds[i])[0] for _ in range(20)], range(8))
+        )
+    for runs, want in zip(results, expected):
+        assert len(runs) == 20
+        for got in runs:
+            np.testing.assert_array_equal(got, want)
 
 
 def test_outputs_belong_to_the_caller(pm):
