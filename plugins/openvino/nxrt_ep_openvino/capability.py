@@ -3,11 +3,11 @@
 Per node: the node alone becomes a model (core's :func:`nxrt.claims.standalone_model`,
 with the ``Constant`` nodes that feed it, so OpenVINO sees a constant wherever
 the graph has one), which OpenVINO's ONNX frontend converts (``Core.read_model``)
-and the device is asked about (``Core.query_model``). The answer is cached by
-the node's signature — op, domain, opset, attributes, input and output types,
-ranks and which dims are static, the values of small constant inputs — so the
-hundred Convs of a ResNet cost a handful of questions, and a second session
-costs none.
+and a device other than the CPU is asked about (``Core.query_model``). The answer
+is cached by the node's signature — op, domain, opset, attributes, input and
+output types, ranks and which dims are static, the values of small constant
+inputs — so the hundred Convs of a ResNet cost a handful of questions, and a
+second session costs none.
 
 Per claim: nodes that each convert may still fail together (a translator
 that needs a constant its producer no longer folds, a device limit on the
@@ -324,6 +324,12 @@ class OpenVinoCapability:
             ).model
         except Exception as exc:  # noqa: BLE001 - OpenVINO's reason is the answer
             return f"OpenVINO's ONNX frontend cannot convert {name}: {short_reason(exc)}"
+        if self.device.split(".")[0] == "CPU":
+            # The CPU plugin implements every operation of OpenVINO's opsets, and asking it
+            # costs about as much as compiling (30 ms a node); each claim is compiled before
+            # it is accepted, and the plugin is asked what it does not run only when it
+            # refuses to compile one.
+            return ""
         missing = self._unsupported(converted)
         if missing:
             kinds = ", ".join(sorted({op.get_type_name() for op in missing}))
@@ -542,10 +548,11 @@ def to_openvino(
 
     Weights of at least :data:`INLINE_WEIGHT_BYTES` do not go through the
     ONNX bytes at all: they reach the frontend as graph inputs, and the
-    converted model's parameters are then replaced by constants over nxrt's
-    own arrays (no copy; the caller keeps the arrays alive). A probe leaves
-    them as parameters, which is all a conversion check needs. Raises
-    OpenVINO's error when the frontend cannot convert the model.
+    converted model's parameters are then replaced by constants made from
+    nxrt's arrays (over them when they are writeable, which the caller then
+    keeps alive; else copied once). A probe leaves them as parameters,
+    which is all a conversion check needs. Raises OpenVINO's error when the
+    frontend cannot convert the model.
     """
     model, external = standalone_model(
         claim, graph, external_threshold=INLINE_WEIGHT_BYTES, producer_name=PRODUCER
@@ -578,7 +585,10 @@ def _bind_weights(converted: Any, external: Mapping[str, np.ndarray]) -> None:
         name = next((n for n in parameter.output(0).get_names() if n in external), None)
         if name is None:
             continue
-        constant = ov.op.Constant(external[name], shared_memory=True)
+        array = external[name]
+        # OpenVINO shares only writeable arrays; nxrt's weights are read-only views, which
+        # are copied once here (the plugin repacks its weights while compiling anyway).
+        constant = ov.op.Constant(array, shared_memory=bool(array.flags.writeable))
         constant.set_friendly_name(name)
         parameter.output(0).replace(constant.output(0))
         converted.remove_parameter(parameter)
