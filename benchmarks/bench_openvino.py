@@ -139,8 +139,21 @@ def _build_bert(path: str) -> tuple[str, str]:
         fallback = transformer_models.write(BERT, os.path.dirname(path))
         return fallback, "onnx.helper (transformers is not installed)"
     if not os.path.exists(path):
+
+        class Encoder(torch.nn.Module):
+            """BertModel called by keyword, its two outputs as a tuple (what the exporter
+            traces; the model's own forward takes more positional arguments)."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.bert = BertModel(BertConfig(attn_implementation="eager"))  # BERT-base
+
+            def forward(self, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
+                out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+                return out.last_hidden_state, out.pooler_output
+
         torch.manual_seed(0)
-        model = BertModel(BertConfig(attn_implementation="eager")).eval()  # BERT-base
+        model = Encoder().eval()
         feeds = transformer_models.bert_feeds()
         args = tuple(torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask"))
         outputs = ["last_hidden_state", "pooler_output"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -273,6 +274,43 @@ def test_light_model_is_one_claim_and_matches_onnxruntime(pm, name):
     if logits is not None and np.abs(want[-1]).max() * np.finfo(np.float32).eps > 0.01:
         return
     assert_close(got, want)
+
+
+def test_large_read_only_weights_stay_in_one_claim(pm):
+    """Weights of 64 KiB and more reach OpenVINO from nxrt's own (read-only) arrays."""
+    model = with_weights(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        wide (float[2, 256] x) => (float[2, 256] y) {
+            h = MatMul(x, w1)
+            r = Relu(h)
+            y = MatMul(r, w2)
+        }
+        """,
+        w1=(256, 512),
+        w2=(512, 256),
+    )
+    session = nxrt.InferenceSession(model, providers=["openvino", "cpu"], plugin_manager=pm)
+    assert session.get_partition().nodes_per_ep() == {"openvino": 3, "cpu": 0}
+    x = {"x": np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)}
+    assert_close(session.run(None, x), ort_run(model, x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mobilenet_v2", "bert_base"])
+def test_real_architectures_match_onnxruntime(pm, name, tmp_path):
+    """torch.onnx.export of seeded random weights, built as benchmarks/bench_openvino.py does."""
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("torchvision") is None:  # imported by the builder, not here
+        pytest.skip("torchvision is not installed")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import bench_openvino
+
+    path, _ = bench_openvino.build(name, str(tmp_path))
+    session = nxrt.InferenceSession(path, providers=["openvino", "cpu"], plugin_manager=pm)
+    assert len(session.get_partition().claims) == 1
+    feeds = bench_openvino.feeds_for(name, session)
+    assert_close(session.run(None, feeds), ort_run(path, feeds))
 
 
 def test_a_second_session_asks_openvino_nothing(pm):
