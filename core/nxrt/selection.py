@@ -43,7 +43,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -64,7 +63,7 @@ DIMS = "nxrt.selection.dims"
 CACHE = "nxrt.selection.cache"
 DEFAULT_BUDGET_MS = 5000.0
 DEFAULT_RUNS = 7
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 class ExecutionProviderDevicePolicy(enum.Enum):
@@ -138,11 +137,12 @@ def order_for_device(eps: Sequence[EpInfo], policy: ExecutionProviderDevicePolic
 
 
 def candidates(eps: Sequence[EpInfo], fallback: str = "cpu") -> list[list[str]]:
-    """The single-EP candidates: each EP (best preference first) with the fallback, then
-    the fallback alone. Mixes are added by :func:`measure` once a plan shows what its
-    first EP left to the fallback."""
-    others = [e.id for e in order_by_preference(eps) if e.id != fallback]
-    return [[ep_id, fallback] for ep_id in others] + [[fallback]]
+    """The single-EP candidates in the order they are built: the EP of highest preference
+    with the fallback, the fallback alone (the baseline, so the choice is never slower
+    than it), then every other EP with the fallback. Mixes are added by :func:`measure`
+    once a plan shows what its first EP left to the fallback."""
+    others = [[e.id, fallback] for e in order_by_preference(eps) if e.id != fallback]
+    return [*others[:1], [fallback], *others[1:]]
 
 
 # -- feeds -----------------------------------------------------------------------------------------
@@ -192,10 +192,10 @@ def synthesize_feeds(inputs: Sequence[ir.Value], dims: Mapping[str, int]) -> dic
 # -- the report ------------------------------------------------------------------------------------
 @dataclass
 class Candidate:
-    """One candidate plan: its providers, and its median time or why it was skipped."""
+    """One candidate plan: its providers, and its time (fastest sample) or why it was skipped."""
 
     providers: list[str]
-    median_ms: float | None = None
+    best_ms: float | None = None
     skipped: str = ""
 
 
@@ -215,7 +215,7 @@ class SelectionReport:
         lines = [f"selection: policy {self.policy}, chose {','.join(self.choice)} ({how})"]
         for c in self.candidates:
             mark = "*" if c.providers == self.choice else " "
-            what = f"{c.median_ms:.3f} ms" if c.median_ms is not None else f"skipped: {c.skipped}"
+            what = f"{c.best_ms:.3f} ms" if c.best_ms is not None else f"skipped: {c.skipped}"
             lines.append(f"  {mark} {','.join(c.providers):<28} {what}")
         if self.note:
             lines.append(f"  {self.note}")
@@ -242,13 +242,15 @@ def measure(
 ) -> tuple[list[str], Any, list[Candidate], str]:
     """Build every candidate, then time them in interleaved rounds; the fastest wins.
 
-    Candidates are built (and run once, which also warms them up) best
-    preference first, until the budget is spent; a candidate whose first EP
+    Candidates are built (and run twice, which warms them up) in the order of
+    :func:`candidates`, the first two always, the others until the budget is
+    spent; a candidate whose first EP
     left nodes to the fallback adds a mix with the next EP ahead of the
     fallback. Timing rotates through the built candidates ``runs`` times, so
     drift and one runtime's spinning threads do not favour any of them; a
     fast plan runs several times per turn so each sample spans about a
-    millisecond.
+    millisecond. A candidate's time is its fastest sample: other work on the
+    machine only ever adds time, so the minimum is the estimate it disturbs least.
 
     :returns: The winner's providers, its built object (``None`` when every
         candidate failed), every candidate's result, and a note when the
@@ -268,7 +270,7 @@ def measure(
         providers = queue.pop(0)
         if any(p not in ids for p in providers):
             continue
-        if built and spent() > budget_ms:
+        if len(built) >= 2 and spent() > budget_ms:
             skipped = [providers, *queue]
             note = f"budget of {budget_ms:.0f} ms spent; {len(skipped)} candidate(s) not measured"
             results.extend(Candidate(p, skipped="not measured: budget spent") for p in skipped)
@@ -277,8 +279,9 @@ def measure(
         results.append(candidate)
         try:
             plan = build(providers)
+            plan.run(feeds)  # warm-up: first-run allocations, lazy compilation
             t0 = time.perf_counter()
-            plan.run(feeds)  # also the warm-up: first-run allocations, lazy compilation
+            plan.run(feeds)
             first_ms = (time.perf_counter() - t0) * 1000
         except Exception as exc:  # noqa: BLE001 - a candidate that fails is skipped, never fatal
             candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -308,9 +311,9 @@ def measure(
     for i, (candidate, _, _) in enumerate(built):
         if candidate.skipped or not samples[i]:
             continue
-        candidate.median_ms = statistics.median(samples[i])
-        if best is None or candidate.median_ms < best[0]:
-            best = (candidate.median_ms, i)
+        candidate.best_ms = min(samples[i])
+        if best is None or candidate.best_ms < best[0]:
+            best = (candidate.best_ms, i)
     if best is None:
         return [fallback], None, results, note or "every candidate failed"
     winner, plan, _ = built[best[1]]
