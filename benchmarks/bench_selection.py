@@ -11,15 +11,16 @@ and the table gives each median, the default's ratio to the fastest explicit
 choice, what the default chose, and both creation times of the default.
 
 Models: the light models of the ``onnx`` package, ``bert_base`` and ``gpt2_step``
-(``transformer_models.py``), and, when torch and torchvision import, torchvision
-architectures exported with seeded random weights (``--torchvision``), all built
-into a temporary folder.
+(``transformer_models.py``), and the real architectures of ``bench_openvino.py``
+(torchvision's resnet50, efficientnet_b0, mobilenet_v2, vit_b_16, convnext_tiny and
+transformers' BERT-base, exported with seeded random weights; they need torch,
+torchvision and transformers), all built into a temporary folder.
 
 Run::
 
     python benchmarks/bench_selection.py
     python benchmarks/bench_selection.py --models light_resnet50 bert_base --rounds 5
-    python benchmarks/bench_selection.py --torchvision resnet50,mobilenet_v2,efficientnet_b0
+    python benchmarks/bench_selection.py --models resnet50 efficientnet_b0 mobilenet_v2
 """
 
 from __future__ import annotations
@@ -39,25 +40,16 @@ import nxrt
 from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_openvino  # noqa: E402  (builds the real architectures)
 import transformer_models  # noqa: E402
 
 DEFAULT_MODELS = [*LIGHT_MODELS, "bert_base", "gpt2_step"]
 
 
-def torchvision_model(name: str, folder: str) -> tuple[str, dict[str, np.ndarray]]:
-    """Export a torchvision architecture (seeded random weights) to ``folder``."""
-    import torch
-    import torchvision
-
-    torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None).eval()
-    x = torch.randn(1, 3, 224, 224)
-    path = os.path.join(folder, f"{name}.onnx")
-    torch.onnx.export(model, (x,), path, input_names=["x"], opset_version=17, dynamo=False)
-    return path, {"x": x.numpy()}
-
-
 def resolve(name: str, folder: str) -> tuple[str, Callable[[Any], dict[str, np.ndarray]]]:
+    if name in bench_openvino.REAL:  # torchvision / transformers, seeded random weights
+        path, _ = bench_openvino.build(name, folder)
+        return path, lambda session: bench_openvino.feeds_for(name, session)
     if name in transformer_models.MODELS:
         feeds = transformer_models.MODELS[name][1]()
         return transformer_models.write(name, folder), lambda session: feeds
@@ -139,7 +131,6 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
-    parser.add_argument("--torchvision", default="", help="e.g. resnet50,mobilenet_v2")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--block", type=int, default=3)
@@ -151,10 +142,6 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             path, feeds_of = resolve(name, folder)
             results.append(bench(name, path, feeds_of, args))
-            print(f"  {name}: done", file=sys.stderr)
-        for name in filter(None, args.torchvision.split(",")):
-            path, feeds = torchvision_model(name, folder)
-            results.append(bench(name, path, lambda s, f=feeds: f, args))
             print(f"  {name}: done", file=sys.stderr)
     print(table(results))
     return 0
