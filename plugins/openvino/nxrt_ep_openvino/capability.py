@@ -320,7 +320,7 @@ class OpenVinoCapability:
         name = f"{node.domain or 'ai.onnx'}::{node.op_type}"
         try:
             converted = to_openvino(
-                self.core, probe_model(node, graph), graph, opsets, bind_weights=False
+                self.core, probe_claim(node, graph), graph, opsets, bind_weights=False
             ).model
         except Exception as exc:  # noqa: BLE001 - OpenVINO's reason is the answer
             return f"OpenVINO's ONNX frontend cannot convert {name}: {short_reason(exc)}"
@@ -595,7 +595,7 @@ def _bind_weights(converted: Any, external: Mapping[str, np.ndarray]) -> None:
     converted.validate_nodes_and_infer_types()
 
 
-def probe_model(node: ir.Node, graph: ir.Graph) -> SubgraphClaim:
+def probe_claim(node: ir.Node, graph: ir.Graph) -> SubgraphClaim:
     """One node as a claim of its own: its Constant producers come along, its other
     inputs (and outer values its subgraphs read) are the claim's inputs."""
     constants = []

@@ -17,8 +17,9 @@ Options (``providers=[("openvino", {...})]``):
 - ``precision`` — ``f32`` (default), ``bf16`` or ``f16``: OpenVINO's
   ``INFERENCE_PRECISION_HINT``, always set, since on CPUs with AMX or
   AVX512-BF16 OpenVINO's own default is bf16, which changes results. bf16
-  and f16 are faster where the device has them, at errors of 1e-2 to 1e-1
-  on real models (see the README);
+  and f16 are faster where the device has them; bf16's largest error against
+  ONNX Runtime on real models, measured by ``benchmarks/bench_openvino.py``, is
+  1e-2 to 2.5e-1 (outputs of order one);
 - ``num_threads`` — CPU threads (default: the session's ``intra_op_num_threads``,
   else OpenVINO's choice: every core);
 - ``performance_hint`` — ``latency`` (default) or ``throughput`` (several
