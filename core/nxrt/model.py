@@ -19,6 +19,7 @@ import onnx
 
 from nxrt.errors import InvalidModel
 from nxrt.registry import normalize_domain
+from nxrt.values import MapType, hide_map_types, restore_map_types
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -190,6 +191,7 @@ def load_model(
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
     proto = check_proto(proto)
+    hidden = hide_map_types(proto.graph)  # onnx_ir cannot read map types; nxrt keeps them
     serde_log = logging.getLogger("onnx_ir.serde")
     level = serde_log.level
     serde_log.setLevel(logging.ERROR)  # EPContext blobs are binary in string attributes, as in ORT
@@ -199,6 +201,7 @@ def load_model(
         raise InvalidModel(f"the model's graph cannot be read: {exc}") from exc
     finally:
         serde_log.setLevel(level)
+    restore_map_types(ir_model.graph, hidden)
     validate_graph(ir_model.graph)
     return ir_model, base_dir
 
@@ -278,7 +281,11 @@ def type_string(elem_type: int) -> str:
 
 
 def type_string_of(value_type: object) -> str:
-    """ONNX Runtime's type string of an ``onnx_ir`` type: ``seq(tensor(float))`` and so on."""
+    """ONNX Runtime's type string of an ``onnx_ir`` type: ``seq(tensor(float))``,
+    ``seq(map(int64,tensor(float)))`` and so on."""
+    if isinstance(value_type, MapType):
+        key = type_string(int(value_type.key_type)).removeprefix("tensor(").removesuffix(")")
+        return f"map({key},{type_string_of(value_type.value_type)})"
     kind = type(value_type).__name__
     if kind == "SequenceType":
         return f"seq({type_string_of(value_type.elem_type)})"

@@ -25,6 +25,7 @@ from nxrt.partition import PartitionReport
 from nxrt.pipeline import DISABLE_CPU_EP_FALLBACK, DISABLE_MODEL_COMPILE, ProviderRequest
 from nxrt.selection import ExecutionProviderDevicePolicy
 from nxrt.tensor import TensorMut, TensorView
+from nxrt.values import is_map_type, map_feed
 
 #: ONNX Runtime's name for the provider-selection policies.
 OrtExecutionProviderDevicePolicy = ExecutionProviderDevicePolicy
@@ -291,6 +292,9 @@ class InferenceSession:
             kind = type(value_info.type).__name__ if value_info is not None else "TensorType"
             if kind == "OptionalType" and value is not None:
                 kind = type(value_info.type.elem_type).__name__
+            if value_info is not None and is_map_type(value_info.type):
+                feeds[name] = map_feed(name, value, value_info.type)  # dicts, as ORT takes them
+                continue
             if kind == "SequenceType":
                 if not isinstance(value, (list, tuple)):
                     raise InvalidArgument(f"input {name!r} is a sequence: pass a list of arrays")

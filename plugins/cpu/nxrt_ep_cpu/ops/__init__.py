@@ -17,6 +17,10 @@ from nxrt_ep_cpu.ops import (  # noqa: F401  (imported for their registrations)
     loss,
     math,
     ml,
+    ml_features,
+    ml_linear,
+    ml_maps,
+    ml_trees,
     moe,
     nn,
     normalization,
@@ -31,6 +35,7 @@ from nxrt_ep_cpu.ops import (  # noqa: F401  (imported for their registrations)
     signal,
     string,
     tensor,
+    tokenizer,
     training,
 )
 from nxrt_ep_cpu.ops._registry import CPU_OPS

@@ -1,14 +1,23 @@
-"""ai.onnx.ml kernels: LabelEncoder, TreeEnsemble, Binarizer, ArrayFeatureExtractor."""
+"""ai.onnx.ml kernels: LabelEncoder, TreeEnsemble, Binarizer, ArrayFeatureExtractor.
+
+The rest of the domain lives in the ``ml_*`` modules: linear models and SVMs
+(``ml_linear``), feature transforms (``ml_features``), map ops (``ml_maps``)
+and the legacy tree ensembles (``ml_trees``), whose engine, shared with
+TreeEnsemble here, is ``ml_tree_walk``.
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
+from nxrt_ep_cpu.ops.ml_scores import transform
+from nxrt_ep_cpu.ops.ml_tree_walk import LEAF, LEQ, MEMBER, Forest, check_acyclic, leaf_scores
+from nxrt_ep_cpu.ops.ml_trees import prepared
 
 _ML = "ai.onnx.ml"
 
@@ -183,10 +192,131 @@ def _attribute_array(value, dtype) -> np.ndarray:
 
 # -- TreeEnsemble ------------------------------------------------------------------------------
 
-_LEQ, _LT, _GTE, _GT, _EQ, _NEQ, _MEMBER = range(7)
+#: TreeEnsemble's integer enums, by value.
+_AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
+_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
 
 
-@op("TreeEnsemble", since=5, domain=_ML)
+class EnsemblePlan:
+    """A TreeEnsemble (opset 5) node as a :class:`~nxrt_ep_cpu.ops.ml_tree_walk.Forest`:
+    interior nodes first, then one node per leaf holding its one weight."""
+
+    def __init__(
+        self,
+        *,
+        parallel: Any = None,
+        aggregate_function: int = 1,
+        leaf_targetids: list[int],
+        leaf_weights: np.ndarray,
+        membership_values: np.ndarray | None = None,
+        n_targets: int | None = None,
+        nodes_falseleafs: list[int],
+        nodes_falsenodeids: list[int],
+        nodes_featureids: list[int],
+        nodes_hitrates: np.ndarray | None = None,
+        nodes_missing_value_tracks_true: list[int] | None = None,
+        nodes_modes: np.ndarray,
+        nodes_splits: np.ndarray,
+        nodes_trueleafs: list[int],
+        nodes_truenodeids: list[int],
+        post_transform: int = 0,
+        tree_roots: list[int],
+    ) -> None:
+        if aggregate_function not in range(len(_AGGREGATES)):
+            raise KernelFailed(f"TreeEnsemble: unknown aggregate_function {aggregate_function}")
+        if post_transform not in range(len(_TRANSFORMS)):
+            raise KernelFailed(f"TreeEnsemble: unknown post_transform {post_transform}")
+        self.aggregate, self.post = _AGGREGATES[aggregate_function], _TRANSFORMS[post_transform]
+        self.parallel = parallel
+        modes = np.asarray(nodes_modes, dtype=np.int64).reshape(-1)
+        n = len(modes)
+        columns = [nodes_splits, nodes_featureids, nodes_truenodeids, nodes_falsenodeids]
+        columns += [nodes_trueleafs, nodes_falseleafs]
+        if any(len(np.asarray(c).reshape(-1)) != n for c in columns):
+            raise KernelFailed(
+                "TreeEnsemble: the nodes_* attributes must all have one entry per node"
+            )
+        if ((modes < LEQ) | (modes > MEMBER)).any():
+            raise KernelFailed(
+                f"TreeEnsemble: unknown node mode {int(modes[(modes < 0) | (modes > MEMBER)][0])}"
+            )
+        weights = np.asarray(leaf_weights, dtype=np.float64).reshape(-1)
+        targets = np.asarray(leaf_targetids, dtype=np.int64)
+        if len(targets) != len(weights):
+            raise KernelFailed("TreeEnsemble: leaf_targetids and leaf_weights differ in length")
+        if n_targets is None:
+            n_targets = int(targets.max()) + 1 if len(targets) else 0
+        if len(targets) and (targets.min() < 0 or targets.max() >= n_targets):
+            raise KernelFailed(f"TreeEnsemble: a leaf target id is outside [0, {n_targets})")
+        leaves = len(weights)
+
+        def child(ids: list[int], is_leaf: list[int]) -> np.ndarray:
+            ids_ = np.asarray(ids, dtype=np.int64)
+            leaf = np.asarray(is_leaf, dtype=bool)
+            limit = np.where(leaf, leaves, n)
+            if ((ids_ < 0) | (ids_ >= limit)).any():
+                raise KernelFailed(
+                    "TreeEnsemble: a branch names a node or leaf that does not exist"
+                )
+            return np.where(leaf, n + ids_, ids_).astype(np.int32)
+
+        true_next, false_next = (
+            child(nodes_truenodeids, nodes_trueleafs),
+            child(nodes_falsenodeids, nodes_falseleafs),
+        )
+        roots = np.asarray(tree_roots, dtype=np.int64)
+        if len(roots) and ((roots < 0) | (roots >= n)).any():
+            raise KernelFailed("TreeEnsemble: a tree root names a node that does not exist")
+        # a tree that is one leaf: its root's two branches name the same leaf
+        lone = (true_next[roots] == false_next[roots]) & (true_next[roots] >= n)
+        roots = np.where(lone, true_next[roots], roots).astype(np.int32)
+        tracks = np.zeros(n + leaves, dtype=bool)
+        tracks[:n] = np.asarray(nodes_missing_value_tracks_true or [0] * n, dtype=bool)[:n]
+        members = _member_table(modes, membership_values)
+        self.forest = Forest(
+            feature=np.concatenate([np.asarray(nodes_featureids), np.zeros(leaves)]).astype(
+                np.int32
+            ),
+            threshold=np.concatenate(
+                [np.asarray(nodes_splits, dtype=np.float64).reshape(-1), np.zeros(leaves)]
+            ),
+            mode=np.concatenate([modes, np.full(leaves, LEAF)]).astype(np.uint8),
+            true_next=np.concatenate([true_next, np.arange(n, n + leaves)]).astype(np.int32),
+            false_next=np.concatenate([false_next, np.arange(n, n + leaves)]).astype(np.int32),
+            missing_true=tracks,
+            weight_start=np.concatenate([np.zeros(n), np.arange(leaves)]).astype(np.int32),
+            weight_count=np.concatenate([np.zeros(n), np.ones(leaves)]).astype(np.int32),
+            weight_target=targets.astype(np.int32),
+            weight_value=weights,
+            roots=roots,
+            n_targets=int(n_targets),
+            members=None
+            if members is None
+            else np.vstack([members, np.full((leaves, members.shape[1]), np.nan)]),
+        )
+        check_acyclic(self.forest, "TreeEnsemble")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim != 2:
+            raise KernelFailed(f"TreeEnsemble: input must be [N, features], not {list(x.shape)}")
+        x = self.forest.check_input(x, "TreeEnsemble")
+        total, low, high, seen = leaf_scores(self.forest, x, parallel=self.parallel)
+        if self.aggregate == "SUM":
+            out = total
+        elif self.aggregate == "AVERAGE":
+            out = total / self.forest.n_trees if self.forest.n_trees else total
+        elif self.aggregate == "MIN":
+            out = np.where(seen, low, float(np.finfo(x.dtype).max))
+        else:
+            out = np.where(seen, high, float(np.finfo(x.dtype).min))
+        return transform(out, self.post).astype(x.dtype)
+
+
+def _ensemble(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    return EnsemblePlan(**attrs)(x)
+
+
+@op("TreeEnsemble", since=5, domain=_ML, factory=prepared(EnsemblePlan))
 def tree_ensemble(
     x: np.ndarray,
     /,
@@ -210,84 +340,20 @@ def tree_ensemble(
 ) -> np.ndarray:
     """Sum (or average, min, max) the leaf weights each row of ``x`` reaches in every tree.
 
-    All rows and trees walk down together, one tree level per step. ``x`` is
-    ``[N, F]``; the result is ``[N, n_targets]`` of ``x``'s dtype.
+    ``x`` is ``[N, F]``; the result is ``[N, n_targets]`` of ``x``'s dtype.
     """
-    if x.ndim != 2:
-        raise KernelFailed(f"TreeEnsemble: input must be [N, features], not {list(x.shape)}")
-    modes = np.asarray(nodes_modes, dtype=np.int64).reshape(-1)
-    splits = np.asarray(nodes_splits, dtype=np.float64).reshape(-1)
-    features = np.asarray(nodes_featureids, dtype=np.int64)
-    true_ids = np.asarray(nodes_truenodeids, dtype=np.int64)
-    false_ids = np.asarray(nodes_falsenodeids, dtype=np.int64)
-    true_leaf = np.asarray(nodes_trueleafs, dtype=bool)
-    false_leaf = np.asarray(nodes_falseleafs, dtype=bool)
-    n_nodes = len(modes)
-    if any(len(a) != n_nodes for a in (splits, features, true_ids, false_ids, true_leaf)):
-        raise KernelFailed("TreeEnsemble: the nodes_* attributes must all have one entry per node")
-    if n_nodes and (features.min() < 0 or features.max() >= x.shape[1]):
-        raise KernelFailed(f"TreeEnsemble: a feature id is outside [0, {x.shape[1]})")
-    tracks = (
-        np.asarray(nodes_missing_value_tracks_true, dtype=bool)
-        if nodes_missing_value_tracks_true
-        else np.zeros(n_nodes, dtype=bool)
-    )
-    weights = np.asarray(leaf_weights, dtype=np.float64).reshape(-1)
-    targets = np.asarray(leaf_targetids, dtype=np.int64)
-    if n_targets is None:
-        n_targets = int(targets.max()) + 1 if len(targets) else 0
-    if len(targets) and (targets.min() < 0 or targets.max() >= n_targets):
-        raise KernelFailed(f"TreeEnsemble: a leaf target id is outside [0, {n_targets})")
-    members = _member_table(modes, membership_values)
-
-    roots = np.asarray(tree_roots, dtype=np.int64)
-    n_rows, n_trees = x.shape[0], len(roots)
-    rows = np.repeat(np.arange(n_rows), n_trees)
-    node = np.tile(roots, n_rows)
-    # A tree that is a single leaf: both branches name the same leaf.
-    at_leaf = true_leaf[node] & false_leaf[node] & (true_ids[node] == false_ids[node])
-    node = np.where(at_leaf, true_ids[node], node)
-    values = x.astype(np.float64)
-    for _ in range(n_nodes + 1):
-        active = np.flatnonzero(~at_leaf)
-        if not len(active):
-            break
-        n = node[active]
-        v = values[rows[active], features[n]]
-        go_true = _compare(modes[n], v, splits[n], members, n)
-        go_true |= tracks[n] & np.isnan(v)
-        node[active] = np.where(go_true, true_ids[n], false_ids[n])
-        at_leaf[active] = np.where(go_true, true_leaf[n], false_leaf[n])
-    else:
-        raise KernelFailed("TreeEnsemble: the trees contain a cycle")
-    if len(node) and node.max() >= len(weights):
-        raise KernelFailed("TreeEnsemble: a branch names a leaf index past leaf_weights")
-
-    leaf_w, leaf_t = weights[node], targets[node]
-    if aggregate_function in (0, 1):
-        out = np.zeros((n_rows, n_targets), dtype=np.float64)
-        np.add.at(out, (rows, leaf_t), leaf_w)
-        if aggregate_function == 0 and n_trees:
-            out /= n_trees
-    elif aggregate_function == 2:
-        out = np.full((n_rows, n_targets), float(np.finfo(x.dtype).max))
-        np.minimum.at(out, (rows, leaf_t), leaf_w)
-    elif aggregate_function == 3:
-        out = np.full((n_rows, n_targets), float(np.finfo(x.dtype).min))
-        np.maximum.at(out, (rows, leaf_t), leaf_w)
-    else:
-        raise KernelFailed(f"TreeEnsemble: unknown aggregate_function {aggregate_function}")
-    return _post_transform(out, post_transform).astype(x.dtype)
+    return _ensemble(x, **{k: v for k, v in locals().items() if k != "x"})
 
 
-def _member_table(modes: np.ndarray, membership_values) -> np.ndarray:
-    """One row per node of the set each BRANCH_MEMBER node tests (NaN-padded).
+def _member_table(modes: np.ndarray, membership_values) -> np.ndarray | None:
+    """One row per node of the set each BRANCH_MEMBER node tests (NaN-padded), or
+    ``None`` without such nodes.
 
     ``membership_values`` lists the sets in node order, each ended by a NaN.
     """
-    member_nodes = np.flatnonzero(modes == _MEMBER)
+    member_nodes = np.flatnonzero(modes == MEMBER)
     if not len(member_nodes):
-        return np.full((len(modes), 0), np.nan)
+        return None
     if membership_values is None:
         raise KernelFailed("TreeEnsemble: BRANCH_MEMBER nodes need membership_values")
     flat = np.asarray(membership_values, dtype=np.float64).reshape(-1)
@@ -306,65 +372,6 @@ def _member_table(modes: np.ndarray, membership_values) -> np.ndarray:
     for node, start, end in zip(member_nodes, starts, ends):
         table[node, : end - start] = flat[start:end]
     return table
-
-
-def _compare(
-    modes: np.ndarray, v: np.ndarray, splits: np.ndarray, members: np.ndarray, nodes: np.ndarray
-) -> np.ndarray:
-    result = np.zeros(v.shape, dtype=bool)
-    for mode, test in (
-        (_LEQ, np.less_equal),
-        (_LT, np.less),
-        (_GTE, np.greater_equal),
-        (_GT, np.greater),
-        (_EQ, np.equal),
-        (_NEQ, np.not_equal),
-    ):
-        sel = modes == mode
-        if sel.any():
-            result[sel] = test(v[sel], splits[sel])
-    sel = modes == _MEMBER
-    if sel.any():
-        result[sel] = np.any(members[nodes[sel]] == v[sel, None], axis=1)
-    unknown = (modes < _LEQ) | (modes > _MEMBER)
-    if unknown.any():
-        raise KernelFailed(f"TreeEnsemble: unknown node mode {int(modes[unknown][0])}")
-    return result
-
-
-def _post_transform(scores: np.ndarray, transform: int) -> np.ndarray:
-    if transform == 0:  # NONE
-        return scores
-    if transform in (1, 3):  # SOFTMAX, SOFTMAX_ZERO
-        if transform == 3:
-            nonzero = scores != 0
-            shifted = scores - np.max(np.where(nonzero, scores, -np.inf), axis=1, keepdims=True)
-            e = np.where(nonzero, np.exp(np.where(nonzero, shifted, 0)), 0)
-        else:
-            e = np.exp(scores - scores.max(axis=1, keepdims=True))
-        total = e.sum(axis=1, keepdims=True)
-        return np.divide(e, total, out=np.zeros_like(e), where=total != 0)
-    if transform == 2:  # LOGISTIC
-        return 1 / (1 + np.exp(-scores))
-    if transform == 4:  # PROBIT
-        erfinv = np.vectorize(_erfinv, otypes=[np.float64])
-        return math.sqrt(2) * erfinv(2 * scores - 1)
-    raise KernelFailed(f"TreeEnsemble: unknown post_transform {transform}")
-
-
-def _erfinv(y: float) -> float:
-    """Inverse error function by Newton steps from a closed-form start."""
-    if y <= -1:
-        return -math.inf
-    if y >= 1:
-        return math.inf
-    a = 0.147
-    ln = math.log(1 - y * y)
-    t = 2 / (math.pi * a) + ln / 2
-    x = math.copysign(math.sqrt(math.sqrt(t * t - ln / a) - t), y)
-    for _ in range(3):
-        x -= (math.erf(x) - y) / (2 / math.sqrt(math.pi) * math.exp(-x * x))
-    return x
 
 
 # -- small ops ---------------------------------------------------------------------------------

@@ -1,0 +1,230 @@
+"""Map values (``ai.onnx.ml``'s dictionaries): their types and their feeds.
+
+onnx_ir cannot represent ``map(K, V)`` types (its reader raises "Map types
+are not supported yet"), yet every classifier skl2onnx converts with default
+options ends in ZipMap, whose output is ``seq(map(int64, tensor(float)))``,
+and DictVectorizer models take a map as input. nxrt keeps such types in its
+own layer: :func:`hide_map_types` takes them out of the protobuf before
+onnx_ir reads it, and :func:`restore_map_types` puts a :class:`MapType` on
+the values afterwards. At run time a map is a ``dict`` and a sequence of maps
+a ``list`` of dicts, as ONNX Runtime takes and returns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import onnx
+
+from nxrt.errors import InvalidArgument, InvalidModel
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+
+@dataclass(frozen=True)
+class MapType:
+    """``map(key_type, value_type)``, shaped like onnx_ir's types (and its ``MapTypeProtocol``).
+
+    ``dtype`` and ``elem_type`` name the value side, as onnx_ir's sequence and
+    optional types do for their elements.
+    """
+
+    key_type: ir.DataType
+    value_type: Any  # an onnx_ir type: TensorType, SequenceType, MapType ...
+    denotation: str | None = field(default=None, compare=False)
+
+    @property
+    def elem_type(self) -> Any:
+        return self.value_type
+
+    @property
+    def dtype(self) -> ir.DataType:
+        return self.value_type.dtype
+
+    def __repr__(self) -> str:
+        return f"Map({self.key_type!r}, {self.value_type!r})"
+
+
+def has_map(type_proto: onnx.TypeProto) -> bool:
+    """Whether a type is, or holds, a map (which onnx_ir cannot read)."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "map_type":
+        return True
+    if kind in ("sequence_type", "optional_type"):
+        return has_map(getattr(type_proto, kind).elem_type)
+    return False
+
+
+def ir_type(type_proto: onnx.TypeProto) -> Any:
+    """The onnx_ir type of a TypeProto, maps (as :class:`MapType`) included."""
+    import onnx_ir as ir
+
+    kind = type_proto.WhichOneof("value")
+    if kind == "map_type":
+        key = ir.DataType(type_proto.map_type.key_type)
+        return MapType(key, ir_type(type_proto.map_type.value_type))
+    if kind == "sequence_type":
+        return ir.SequenceType(ir_type(type_proto.sequence_type.elem_type))
+    if kind == "optional_type":
+        return ir.OptionalType(ir_type(type_proto.optional_type.elem_type))
+    if kind == "tensor_type":
+        return ir.TensorType(ir.DataType(type_proto.tensor_type.elem_type))
+    raise InvalidModel(f"nxrt cannot read the type {onnx.helper.printable_type(type_proto)}")
+
+
+#: Map types taken out of one graph (and, in ``nested``, its subgraphs, in node order).
+@dataclass
+class HiddenTypes:
+    types: dict[str, onnx.TypeProto] = field(default_factory=dict)
+    nested: list[HiddenTypes] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.types) or any(self.nested)
+
+
+def hide_map_types(graph: onnx.GraphProto) -> HiddenTypes:
+    """Clear every map-holding type of ``graph`` (inputs, outputs, value_info, and in
+    subgraphs) and return them, so that onnx_ir can read the graph."""
+    hidden = HiddenTypes()
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        if info.type.WhichOneof("value") and has_map(info.type):
+            hidden.types[info.name] = onnx.TypeProto()
+            hidden.types[info.name].CopyFrom(info.type)
+            info.type.Clear()
+    for subgraph in _subgraphs(graph):
+        hidden.nested.append(hide_map_types(subgraph))
+    return hidden
+
+
+def restore_map_types(graph: ir.Graph, hidden: HiddenTypes) -> None:
+    """Give the values of ``graph`` the map types :func:`hide_map_types` took out."""
+    if not hidden:
+        return
+    if hidden.types:
+        for value in _values(graph):
+            proto = hidden.types.get(value.name)
+            if proto is not None:
+                value.type = ir_type(proto)
+    for subgraph, nested in zip(_ir_subgraphs(graph), hidden.nested):
+        restore_map_types(subgraph, nested)
+
+
+def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield attribute.g
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                yield from attribute.graphs
+
+
+def _ir_subgraphs(graph: ir.Graph) -> Iterator[ir.Graph]:
+    """The subgraphs of ``graph`` in the order :func:`_subgraphs` walks the protobuf."""
+    import onnx_ir as ir
+
+    for node in graph:
+        for attribute in node.attributes.values():
+            if attribute.type == ir.AttributeType.GRAPH:
+                yield attribute.value
+            elif attribute.type == ir.AttributeType.GRAPHS:
+                yield from attribute.value
+
+
+def _values(graph: ir.Graph) -> Iterator[ir.Value]:
+    yield from graph.inputs
+    for node in graph:
+        yield from node.outputs
+
+
+# -- types as ONNX Runtime names them ------------------------------------------------------------
+def is_map_type(value_type: Any) -> bool:
+    """Whether ``value_type`` is a map or a sequence of maps."""
+    import onnx_ir as ir
+
+    if isinstance(value_type, ir.SequenceType):
+        return isinstance(value_type.elem_type, MapType)
+    return isinstance(value_type, MapType)
+
+
+# -- feeds -----------------------------------------------------------------------------------------
+def map_feed(name: str, value: Any, value_type: Any) -> dict | list[dict]:
+    """A map (``dict``) or sequence-of-maps (list of dicts) feed, checked against its type,
+    with keys and values as plain Python ``int`` / ``float`` / ``str``."""
+    import onnx_ir as ir
+
+    if isinstance(value_type, ir.SequenceType):
+        if not isinstance(value, (list, tuple)):
+            raise InvalidArgument(
+                f"input {name!r} is a sequence of maps: pass a list of dicts, not "
+                f"{type(value).__name__}"
+            )
+        return [
+            _one_map(f"{name}[{i}]", item, value_type.elem_type) for i, item in enumerate(value)
+        ]
+    return _one_map(name, value, value_type)
+
+
+def _one_map(name: str, value: Any, map_type: MapType) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"input {name!r} is a map: pass a dict, not {type(value).__name__}")
+    to_key = _converter(map_type.key_type)
+    to_value = _converter(map_type.value_type.dtype)
+    try:
+        return {to_key(k): to_value(v) for k, v in value.items()}
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"input {name!r} must be a map({_name(map_type.key_type)}, "
+            f"{_name(map_type.value_type.dtype)}): {exc}"
+        ) from exc
+
+
+def _converter(dtype: ir.DataType):
+    """The Python type of one map key or value of ``dtype``, refusing the wrong kind."""
+    import numbers
+
+    import onnx_ir as ir
+
+    if dtype == ir.DataType.STRING:
+
+        def text(v: Any) -> str:
+            if isinstance(v, bytes):
+                return v.decode()
+            if not isinstance(v, str):
+                raise TypeError(f"{v!r} is not a string")
+            return v
+
+        return text
+    if dtype.is_floating_point():
+
+        def real(v: Any) -> float:
+            if not isinstance(v, numbers.Real):
+                raise TypeError(f"{v!r} is not a number")
+            return float(v)
+
+        return real
+
+    def integer(v: Any) -> int:
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise TypeError(f"{v!r} is not an integer")
+        return int(v)
+
+    return integer
+
+
+def _name(dtype: ir.DataType) -> str:
+    return onnx.TensorProto.DataType.Name(int(dtype)).lower()
+
+
+__all__ = [
+    "HiddenTypes",
+    "MapType",
+    "has_map",
+    "hide_map_types",
+    "ir_type",
+    "is_map_type",
+    "map_feed",
+    "restore_map_types",
+]

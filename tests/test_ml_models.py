@@ -1,0 +1,657 @@
+"""Classical ML models, converted as users convert them, on the cpu EP against ONNX Runtime.
+
+scikit-learn estimators and pipelines go through skl2onnx; LightGBM and
+XGBoost models through onnxmltools' converters (registered with skl2onnx, as
+their documentation shows, so they also convert inside pipelines). Each
+model is trained on a dataset scikit-learn ships (iris, breast cancer,
+digits, diabetes, or a small corpus written here), converted with default
+options (classifiers end in ZipMap: a list of dicts) and, for classifiers,
+with ``zipmap=False``, then run through nxrt (``providers=["cpu"]``) and
+ONNX Runtime: labels and other integer or string outputs must be equal,
+scores within rtol 1e-4 (atol 1e-6), and ``get_inputs()`` / ``get_outputs()``
+must name the same types.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import lightgbm
+import numpy as np
+import onnxruntime as ort
+import pytest
+import xgboost
+from onnxmltools.convert.lightgbm.operator_converters.LightGbm import (
+    convert_lightgbm,
+)
+from onnxmltools.convert.xgboost.operator_converters.XGBoost import (
+    convert_xgboost,
+)
+from skl2onnx import convert_sklearn, to_onnx, update_registered_converter
+from skl2onnx.common.data_types import (
+    DictionaryType,
+    FloatTensorType,
+    Int64TensorType,
+    StringTensorType,
+)
+from skl2onnx.common.shape_calculator import (
+    calculate_linear_classifier_output_shapes,
+    calculate_linear_regressor_output_shapes,
+)
+from sklearn import (
+    calibration,
+    cluster,
+    compose,
+    datasets,
+    decomposition,
+    discriminant_analysis,
+    ensemble,
+    feature_extraction,
+    impute,
+    linear_model,
+    multiclass,
+    naive_bayes,
+    neighbors,
+    neural_network,
+    pipeline,
+    preprocessing,
+    svm,
+    tree,
+)
+
+import nxrt
+
+RTOL, ATOL = 1e-4, 1e-6
+#: Cases whose converter refuses the default ai.onnx.ml opset and asks for
+#: "target_opset={'ai.onnx.ml': 3}", given as it asks.
+ML_3_CASES = {
+    "isolation_forest",
+    "lightgbm_binary",
+    "lightgbm_multiclass",
+    "lightgbm_regressor",
+    "xgboost_binary",
+    "xgboost_multiclass",
+    "xgboost_regressor",
+}
+
+update_registered_converter(
+    lightgbm.LGBMClassifier,
+    "LightGbmLGBMClassifier",
+    calculate_linear_classifier_output_shapes,
+    convert_lightgbm,
+    options={"nocl": [True, False], "zipmap": [True, False, "columns"]},
+)
+update_registered_converter(
+    lightgbm.LGBMRegressor,
+    "LightGbmLGBMRegressor",
+    calculate_linear_regressor_output_shapes,
+    convert_lightgbm,
+    options={"split": None},
+)
+update_registered_converter(
+    xgboost.XGBClassifier,
+    "XGBoostXGBClassifier",
+    calculate_linear_classifier_output_shapes,
+    convert_xgboost,
+    options={"nocl": [True, False], "zipmap": [True, False, "columns"]},
+)
+update_registered_converter(
+    xgboost.XGBRegressor,
+    "XGBoostXGBRegressor",
+    calculate_linear_regressor_output_shapes,
+    convert_xgboost,
+)
+
+
+# -- data ----------------------------------------------------------------------------------------
+@functools.cache
+def data(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A dataset scikit-learn ships, features as float32."""
+    loader = {
+        "iris": datasets.load_iris,
+        "cancer": datasets.load_breast_cancer,
+        "digits": datasets.load_digits,
+        "diabetes": datasets.load_diabetes,
+    }[name]
+    x, y = loader(return_X_y=True)
+    return x.astype(np.float32), y
+
+
+CORPUS = [
+    "the cat sat on the mat",
+    "a dog ran in the park",
+    "the cat chased a mouse",
+    "dogs and cats are friends",
+    "my dog likes the park",
+    "a mouse hid under the mat",
+    "cats sleep on the sofa all day",
+    "the park was full of dogs",
+]
+CORPUS_LABELS = np.array([0, 1, 0, 1, 1, 0, 0, 1])
+
+
+def text_data() -> tuple[np.ndarray, np.ndarray]:
+    return np.array(CORPUS * 3, dtype=object).reshape(-1, 1), np.tile(CORPUS_LABELS, 3)
+
+
+def with_missing(x: np.ndarray) -> np.ndarray:
+    """``x`` with about a tenth of its values NaN (fixed positions)."""
+    rng = np.random.default_rng(0)
+    x = x.copy()
+    x[rng.random(x.shape) < 0.1] = np.nan
+    return x
+
+
+def categorical(x: np.ndarray) -> np.ndarray:
+    """Numeric columns then two coarse integer columns derived from the first ones."""
+    return np.hstack([x, np.floor(x[:, :2])]).astype(np.float32)
+
+
+# -- cases ---------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    """An estimator to train on a dataset; ``classifier`` cases also run with ``zipmap=False``."""
+
+    make: Callable[[], Any]
+    dataset: str
+    classifier: bool = True
+    slow: bool = False
+    prepare: Callable[[np.ndarray], np.ndarray] | None = None
+    target: Callable[[np.ndarray], np.ndarray] | None = None
+
+
+def pipe(*steps: Any) -> Callable[[], Any]:
+    return lambda: pipeline.make_pipeline(*[s() if callable(s) else s for s in steps])
+
+
+scaled = preprocessing.StandardScaler
+SEED = {"random_state": 0}
+
+CASES: dict[str, Case] = {
+    # linear models
+    "logistic_regression_iris": Case(
+        pipe(scaled, lambda: linear_model.LogisticRegression()), "iris"
+    ),
+    "logistic_regression_binary": Case(pipe(scaled, linear_model.LogisticRegression), "cancer"),
+    "sgd_classifier_log": Case(
+        pipe(scaled, lambda: linear_model.SGDClassifier(loss="log_loss", **SEED)), "iris"
+    ),
+    "ridge_classifier": Case(pipe(scaled, linear_model.RidgeClassifier), "cancer"),
+    "perceptron": Case(pipe(scaled, lambda: linear_model.Perceptron(**SEED)), "iris"),
+    "sgd_classifier_hinge": Case(
+        pipe(scaled, lambda: linear_model.SGDClassifier(loss="hinge", **SEED)), "cancer"
+    ),
+    "linear_regression": Case(linear_model.LinearRegression, "diabetes", classifier=False),
+    "ridge": Case(linear_model.Ridge, "diabetes", classifier=False),
+    "lasso": Case(lambda: linear_model.Lasso(alpha=0.1), "diabetes", classifier=False),
+    "elastic_net": Case(lambda: linear_model.ElasticNet(alpha=0.01), "diabetes", classifier=False),
+    "sgd_regressor": Case(
+        pipe(scaled, lambda: linear_model.SGDRegressor(**SEED)), "diabetes", classifier=False
+    ),
+    "linear_discriminant": Case(discriminant_analysis.LinearDiscriminantAnalysis, "iris"),
+    # SVMs
+    "svc_rbf_probability": Case(pipe(scaled, lambda: svm.SVC(probability=True, **SEED)), "iris"),
+    "svc_rbf_binary_probability": Case(
+        pipe(scaled, lambda: svm.SVC(probability=True, **SEED)), "cancer"
+    ),
+    "svc_linear_binary": Case(pipe(scaled, lambda: svm.SVC(kernel="linear")), "cancer"),
+    "svc_poly_multiclass": Case(pipe(scaled, lambda: svm.SVC(kernel="poly", degree=3)), "iris"),
+    "nu_svc_sigmoid": Case(pipe(scaled, lambda: svm.NuSVC(kernel="sigmoid", nu=0.3)), "iris"),
+    "svr_rbf": Case(pipe(scaled, svm.SVR), "diabetes", classifier=False),
+    "nu_svr": Case(pipe(scaled, svm.NuSVR), "diabetes", classifier=False),
+    "linear_svr": Case(pipe(scaled, lambda: svm.LinearSVR(**SEED)), "diabetes", classifier=False),
+    "one_class_svm": Case(pipe(scaled, lambda: svm.OneClassSVM(nu=0.2)), "iris", classifier=False),
+    # trees, forests, boosting
+    "decision_tree": Case(lambda: tree.DecisionTreeClassifier(max_depth=5, **SEED), "iris"),
+    "decision_tree_regressor": Case(
+        lambda: tree.DecisionTreeRegressor(max_depth=6, **SEED), "diabetes", classifier=False
+    ),
+    "random_forest": Case(
+        lambda: ensemble.RandomForestClassifier(n_estimators=30, **SEED), "iris", slow=True
+    ),
+    "random_forest_binary": Case(
+        lambda: ensemble.RandomForestClassifier(n_estimators=30, max_depth=8, **SEED), "cancer"
+    ),
+    "random_forest_regressor": Case(
+        lambda: ensemble.RandomForestRegressor(n_estimators=30, max_depth=8, **SEED),
+        "diabetes",
+        classifier=False,
+    ),
+    "extra_trees": Case(
+        lambda: ensemble.ExtraTreesClassifier(n_estimators=30, max_depth=8, **SEED), "digits"
+    ),
+    "extra_trees_regressor": Case(
+        lambda: ensemble.ExtraTreesRegressor(n_estimators=20, max_depth=8, **SEED),
+        "diabetes",
+        classifier=False,
+    ),
+    "gradient_boosting_binary": Case(
+        lambda: ensemble.GradientBoostingClassifier(n_estimators=40, **SEED), "cancer"
+    ),
+    "gradient_boosting_multiclass": Case(
+        lambda: ensemble.GradientBoostingClassifier(n_estimators=20, max_depth=2, **SEED),
+        "digits",
+        slow=True,
+    ),
+    "gradient_boosting_regressor": Case(
+        lambda: ensemble.GradientBoostingRegressor(n_estimators=50, **SEED),
+        "diabetes",
+        classifier=False,
+    ),
+    "adaboost": Case(lambda: ensemble.AdaBoostClassifier(n_estimators=20, **SEED), "iris"),
+    "adaboost_regressor": Case(
+        lambda: ensemble.AdaBoostRegressor(n_estimators=20, **SEED), "diabetes", classifier=False
+    ),
+    "bagging": Case(
+        lambda: ensemble.BaggingClassifier(
+            tree.DecisionTreeClassifier(max_depth=4), n_estimators=10, **SEED
+        ),
+        "iris",
+    ),
+    "isolation_forest": Case(
+        lambda: ensemble.IsolationForest(n_estimators=20, **SEED), "iris", classifier=False
+    ),
+    "lightgbm_binary": Case(
+        lambda: lightgbm.LGBMClassifier(n_estimators=40, verbose=-1, **SEED), "cancer"
+    ),
+    "lightgbm_multiclass": Case(
+        lambda: lightgbm.LGBMClassifier(n_estimators=20, verbose=-1, **SEED), "iris"
+    ),
+    "lightgbm_regressor": Case(
+        lambda: lightgbm.LGBMRegressor(n_estimators=40, verbose=-1, **SEED),
+        "diabetes",
+        classifier=False,
+    ),
+    "xgboost_binary": Case(
+        lambda: xgboost.XGBClassifier(n_estimators=30, max_depth=3, **SEED), "cancer"
+    ),
+    "xgboost_multiclass": Case(
+        lambda: xgboost.XGBClassifier(n_estimators=20, max_depth=3, **SEED), "iris"
+    ),
+    "xgboost_regressor": Case(
+        lambda: xgboost.XGBRegressor(n_estimators=30, max_depth=3, **SEED),
+        "diabetes",
+        classifier=False,
+    ),
+    # naive Bayes, neighbours, neural networks
+    "gaussian_nb": Case(naive_bayes.GaussianNB, "iris"),
+    "multinomial_nb": Case(naive_bayes.MultinomialNB, "digits"),
+    "bernoulli_nb": Case(lambda: naive_bayes.BernoulliNB(binarize=4.0), "digits"),
+    "k_neighbors": Case(lambda: neighbors.KNeighborsClassifier(n_neighbors=5), "iris"),
+    "k_neighbors_regressor": Case(
+        lambda: neighbors.KNeighborsRegressor(n_neighbors=5), "diabetes", classifier=False
+    ),
+    "mlp_classifier": Case(
+        pipe(
+            scaled,
+            lambda: neural_network.MLPClassifier(hidden_layer_sizes=(16,), max_iter=300, **SEED),
+        ),
+        "iris",
+    ),
+    "mlp_regressor": Case(
+        pipe(
+            scaled,
+            lambda: neural_network.MLPRegressor(hidden_layer_sizes=(16,), max_iter=300, **SEED),
+        ),
+        "diabetes",
+        classifier=False,
+    ),
+    # preprocessing
+    "min_max_scaler": Case(
+        pipe(preprocessing.MinMaxScaler, linear_model.LogisticRegression), "iris"
+    ),
+    "max_abs_robust_scalers": Case(
+        pipe(preprocessing.MaxAbsScaler, preprocessing.RobustScaler, linear_model.Ridge),
+        "diabetes",
+        classifier=False,
+    ),
+    "normalizer_l2": Case(
+        pipe(lambda: preprocessing.Normalizer("l2"), linear_model.LogisticRegression), "iris"
+    ),
+    "normalizer_l1_max": Case(
+        pipe(
+            lambda: preprocessing.Normalizer("l1"),
+            lambda: preprocessing.Normalizer("max"),
+            linear_model.Ridge,
+        ),
+        "diabetes",
+        classifier=False,
+    ),
+    "binarizer": Case(
+        pipe(lambda: preprocessing.Binarizer(threshold=5.0), naive_bayes.BernoulliNB), "digits"
+    ),
+    "pca_logistic": Case(
+        pipe(scaled, lambda: decomposition.PCA(5), linear_model.LogisticRegression), "digits"
+    ),
+    "polynomial_features": Case(
+        pipe(lambda: preprocessing.PolynomialFeatures(2), linear_model.Ridge),
+        "diabetes",
+        classifier=False,
+    ),
+    "kbins_discretizer": Case(
+        pipe(
+            lambda: preprocessing.KBinsDiscretizer(4, encode="onehot-dense"),
+            linear_model.LogisticRegression,
+        ),
+        "iris",
+    ),
+    "simple_imputer": Case(
+        pipe(impute.SimpleImputer, tree.DecisionTreeClassifier), "cancer", prepare=with_missing
+    ),
+    "simple_imputer_constant": Case(
+        pipe(
+            lambda: impute.SimpleImputer(strategy="constant", fill_value=0.0),
+            linear_model.Ridge,
+        ),
+        "diabetes",
+        classifier=False,
+        prepare=with_missing,
+    ),
+    "one_hot_encoder": Case(
+        pipe(
+            lambda: compose.ColumnTransformer(
+                [
+                    ("num", preprocessing.StandardScaler(), [0, 1, 2, 3]),
+                    ("cat", preprocessing.OneHotEncoder(handle_unknown="ignore"), [4, 5]),
+                ]
+            ),
+            linear_model.LogisticRegression,
+        ),
+        "iris",
+        prepare=categorical,
+    ),
+    "column_transformer_imputer_scaler": Case(
+        pipe(
+            lambda: compose.ColumnTransformer(
+                [
+                    ("a", pipeline.make_pipeline(impute.SimpleImputer(), scaled()), [0, 1, 2]),
+                    ("b", preprocessing.MinMaxScaler(), [3, 4, 5, 6]),
+                ],
+                remainder="passthrough",
+            ),
+            lambda: ensemble.RandomForestRegressor(n_estimators=10, max_depth=6, **SEED),
+        ),
+        "diabetes",
+        classifier=False,
+        prepare=with_missing,
+    ),
+    "feature_union": Case(
+        pipe(
+            lambda: pipeline.FeatureUnion(
+                [("pca", decomposition.PCA(2)), ("scale", preprocessing.StandardScaler())]
+            ),
+            linear_model.LogisticRegression,
+        ),
+        "iris",
+    ),
+    "k_means": Case(lambda: cluster.KMeans(3, n_init=3, **SEED), "iris", classifier=False),
+    # text
+    "tfidf_logistic": Case(
+        pipe(feature_extraction.text.TfidfVectorizer, linear_model.LogisticRegression), "text"
+    ),
+    "count_vectorizer_nb": Case(
+        pipe(
+            lambda: feature_extraction.text.CountVectorizer(ngram_range=(1, 2)),
+            naive_bayes.MultinomialNB,
+        ),
+        "text",
+    ),
+    # ensembles of estimators
+    "voting_soft": Case(
+        lambda: ensemble.VotingClassifier(
+            [
+                ("lr", pipeline.make_pipeline(scaled(), linear_model.LogisticRegression())),
+                ("dt", tree.DecisionTreeClassifier(max_depth=4, **SEED)),
+                ("nb", naive_bayes.GaussianNB()),
+            ],
+            voting="soft",
+            flatten_transform=False,
+        ),
+        "iris",
+    ),
+    "voting_hard": Case(
+        lambda: ensemble.VotingClassifier(
+            [
+                ("lr", pipeline.make_pipeline(scaled(), linear_model.LogisticRegression())),
+                ("dt", tree.DecisionTreeClassifier(max_depth=4, **SEED)),
+                ("nb", naive_bayes.GaussianNB()),
+            ],
+            voting="hard",
+            flatten_transform=False,
+        ),
+        "iris",
+    ),
+    "voting_regressor": Case(
+        lambda: ensemble.VotingRegressor(
+            [
+                ("lr", linear_model.LinearRegression()),
+                ("dt", tree.DecisionTreeRegressor(max_depth=5, **SEED)),
+            ]
+        ),
+        "diabetes",
+        classifier=False,
+    ),
+    "stacking_classifier": Case(
+        lambda: ensemble.StackingClassifier(
+            [
+                ("lr", pipeline.make_pipeline(scaled(), linear_model.LogisticRegression())),
+                ("rf", ensemble.RandomForestClassifier(n_estimators=10, max_depth=4, **SEED)),
+            ],
+            final_estimator=linear_model.LogisticRegression(),
+        ),
+        "iris",
+        slow=True,
+    ),
+    "stacking_regressor": Case(
+        lambda: ensemble.StackingRegressor(
+            [
+                ("ridge", linear_model.Ridge()),
+                ("dt", tree.DecisionTreeRegressor(max_depth=4, **SEED)),
+            ],
+            final_estimator=linear_model.LinearRegression(),
+        ),
+        "diabetes",
+        classifier=False,
+    ),
+    "one_vs_rest": Case(
+        lambda: multiclass.OneVsRestClassifier(
+            pipeline.make_pipeline(scaled(), linear_model.LogisticRegression())
+        ),
+        "iris",
+    ),
+    "calibrated_classifier": Case(
+        lambda: calibration.CalibratedClassifierCV(
+            pipeline.make_pipeline(scaled(), linear_model.LogisticRegression()), cv=3
+        ),
+        "cancer",
+    ),
+}
+
+
+# -- conversion and running ----------------------------------------------------------------------
+@functools.cache
+def trained(name: str) -> tuple[Any, np.ndarray]:
+    """The fitted estimator of a case and the rows it is evaluated on."""
+    case = CASES[name]
+    if case.dataset == "text":
+        x, y = text_data()
+        fit_x = x.ravel()
+    else:
+        x, y = data(case.dataset)
+        if case.prepare is not None:
+            x = case.prepare(x)
+        fit_x = x
+    model = case.make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(fit_x, y)
+    step = max(1, len(x) // 60)
+    return model, x[::step]
+
+
+def _final(model: Any) -> Any:
+    """The estimator whose output the zipmap option changes (a pipeline's last step)."""
+    return model.steps[-1][1] if isinstance(model, pipeline.Pipeline) else model
+
+
+@functools.cache
+def converted(name: str, zipmap: bool) -> bytes:
+    """The case's model as skl2onnx converts it (bytes), with or without ZipMap."""
+    model, x = trained(name)
+    options: dict[Any, Any] = {} if zipmap else {id(_final(model)): {"zipmap": False}}
+    target = {"": 17, "ai.onnx.ml": 3} if name in ML_3_CASES else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if x.dtype == object:
+            # ORT's StringNormalizer builds the locale it is given (default en_US.UTF-8,
+            # often not installed); C.UTF-8 exists everywhere
+            options[id(model.steps[0][1])] = {"locale": "C.UTF-8"}
+            onx = convert_sklearn(
+                model, initial_types=[("text", StringTensorType([None, 1]))], options=options
+            )
+        else:
+            onx = to_onnx(model, x[:1], options=options or None, target_opset=target)
+    return onx.SerializeToString()
+
+
+def run_both(model: bytes, feeds: dict[str, Any]) -> tuple[Any, Any, list[Any], list[Any]]:
+    """(nxrt session, ORT session, nxrt outputs, ORT outputs)."""
+    reference = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    session = nxrt.InferenceSession(model, providers=["cpu"])
+    return session, reference, session.run(None, feeds), reference.run(None, feeds)
+
+
+def assert_same(got: Any, want: Any, where: str) -> None:
+    """ORT's result and nxrt's agree: equal labels, close scores, equal dict keys."""
+    if isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert isinstance(g, dict) and list(g) == list(w), f"{where}[{i}] keys"
+            np.testing.assert_allclose(
+                list(g.values()), list(w.values()), rtol=RTOL, atol=ATOL, err_msg=f"{where}[{i}]"
+            )
+        return
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{where}: shape {got.shape} != {want.shape}"
+    if want.dtype.kind in "fc":
+        assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=where)
+    else:
+        assert got.dtype.kind == want.dtype.kind, f"{where}: dtype {got.dtype} != {want.dtype}"
+        np.testing.assert_array_equal(got, want, err_msg=where)
+
+
+def check_model(model: bytes, feeds: dict[str, Any]) -> None:
+    session, reference, got, want = run_both(model, feeds)
+    assert [(a.name, a.type) for a in session.get_inputs()] == [
+        (a.name, a.type) for a in reference.get_inputs()
+    ]
+    assert [(a.name, a.type) for a in session.get_outputs()] == [
+        (a.name, a.type) for a in reference.get_outputs()
+    ]
+    for arg, g, w in zip(reference.get_outputs(), got, want):
+        assert_same(g, w, arg.name)
+
+
+def _params() -> list[Any]:
+    params = []
+    for name, case in CASES.items():
+        marks = [pytest.mark.slow] if case.slow else []
+        params.append(pytest.param(name, True, id=name, marks=marks))
+        if case.classifier:
+            params.append(pytest.param(name, False, id=f"{name}-no_zipmap", marks=marks))
+    return params
+
+
+@pytest.mark.parametrize(("name", "zipmap"), _params())
+def test_converted_model_matches_onnxruntime(name: str, zipmap: bool) -> None:
+    model, x = trained(name)
+    onx = converted(name, zipmap)
+    feed_name = "text" if x.dtype == object else "X"
+    check_model(onx, {feed_name: x})
+
+
+def test_there_are_forty_estimators_and_pipelines() -> None:
+    assert len(CASES) >= 40
+
+
+def test_zipmap_output_is_a_list_of_dicts_typed_like_onnxruntime() -> None:
+    onx = converted("logistic_regression_iris", True)
+    session = nxrt.InferenceSession(onx, providers=["cpu"])
+    outputs = {a.name: a.type for a in session.get_outputs()}
+    assert outputs == {
+        "output_label": "tensor(int64)",
+        "output_probability": "seq(map(int64,tensor(float)))",
+    }
+    _, x = trained("logistic_regression_iris")
+    labels, probabilities = session.run(None, {"X": x[:3]})
+    assert isinstance(probabilities, list) and len(probabilities) == 3
+    assert sorted(probabilities[0]) == [0, 1, 2]
+    assert all(isinstance(k, int) and isinstance(v, float) for k, v in probabilities[0].items())
+
+
+def test_string_labels_go_through_zipmap_with_string_keys() -> None:
+    x, y = data("iris")
+    names = np.array(["setosa", "versicolor", "virginica"], dtype=object)[y]
+    model = tree.DecisionTreeClassifier(max_depth=3, **SEED).fit(x, names)
+    onx = to_onnx(model, x[:1]).SerializeToString()
+    check_model(onx, {"X": x[::5]})
+    session = nxrt.InferenceSession(onx, providers=["cpu"])
+    assert session.get_outputs()[1].type == "seq(map(string,tensor(float)))"
+
+
+def test_dict_vectorizer_takes_a_map_input() -> None:
+    rows = [{"a": 1.0, "b": 2.0}, {"a": 3.0, "c": 1.0}, {"b": 0.5, "c": 4.0}, {"a": 2.0}] * 5
+    labels = [0, 1, 1, 0] * 5
+    model = pipeline.make_pipeline(
+        feature_extraction.DictVectorizer(sparse=False), linear_model.LogisticRegression()
+    ).fit(rows, labels)
+    onx = convert_sklearn(
+        model, initial_types=[("d", DictionaryType(StringTensorType([1]), FloatTensorType([1])))]
+    ).SerializeToString()
+    session = nxrt.InferenceSession(onx, providers=["cpu"])
+    reference = ort.InferenceSession(onx, providers=["CPUExecutionProvider"])
+    assert (
+        session.get_inputs()[0].type
+        == reference.get_inputs()[0].type
+        == "map(string,tensor(float))"
+    )
+    for row in rows[:4]:
+        for g, w, arg in zip(
+            session.run(None, {"d": row}), reference.run(None, {"d": row}), reference.get_outputs()
+        ):
+            assert_same(g, w, arg.name)
+    with pytest.raises(nxrt.errors.InvalidArgument, match="map"):
+        session.run(None, {"d": [1.0, 2.0]})
+
+
+def test_int_keyed_dict_vectorizer() -> None:
+    rows = [{1: 1.0, 5: 2.0}, {2: 3.0}, {1: 0.5, 2: 4.0, 5: 1.0}] * 4
+    labels = [0, 1, 1] * 4
+    model = pipeline.make_pipeline(
+        feature_extraction.DictVectorizer(sparse=False), tree.DecisionTreeClassifier()
+    ).fit(rows, labels)
+    onx = convert_sklearn(
+        model, initial_types=[("d", DictionaryType(Int64TensorType([1]), FloatTensorType([1])))]
+    ).SerializeToString()
+    for row in rows[:3]:
+        check_model(onx, {"d": row})
+
+
+def test_label_encoder_and_string_categories() -> None:
+    x, y = data("iris")
+    colors = np.array(["red", "green", "blue", "green"], dtype=object)[np.arange(len(x)) % 4]
+    encoder = preprocessing.OneHotEncoder().fit(colors.reshape(-1, 1))
+    onx = convert_sklearn(
+        encoder, initial_types=[("X", StringTensorType([None, 1]))]
+    ).SerializeToString()
+    check_model(onx, {"X": colors.reshape(-1, 1)[:12]})
+    labels = preprocessing.LabelEncoder().fit(colors)
+    onx = convert_sklearn(
+        labels, initial_types=[("X", StringTensorType([None]))]
+    ).SerializeToString()
+    check_model(onx, {"X": colors[:12]})
