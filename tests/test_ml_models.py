@@ -655,3 +655,33 @@ def test_label_encoder_and_string_categories() -> None:
         labels, initial_types=[("X", StringTensorType([None]))]
     ).SerializeToString()
     check_model(onx, {"X": colors[:12]})
+
+
+def test_every_node_no_ep_can_run_is_named_at_once() -> None:
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Frobnicate", ["x"], ["a"], domain="com.example", name="first"),
+        helper.make_node("Relu", ["a"], ["b"], name="fine"),
+        helper.make_node("Twiddle", ["b"], ["c"], domain="com.example", name="second"),
+        helper.make_node("Frobnicate", ["c"], ["y"], domain="com.example", name="third"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+    )
+    with pytest.raises(nxrt.errors.NoEpForOp, match="com.example::Frobnicate at opset 1") as info:
+        nxrt.InferenceSession(model.SerializeToString(), providers=["cpu"])
+    error = info.value
+    assert isinstance(error, nxrt.errors.NoEpForNodes)
+    assert (error.domain, error.op_type, error.opset) == ("com.example", "Frobnicate", 1)
+    assert [n[0] for n in error.nodes] == ["first", "second", "third"]
+    message = str(error)
+    assert "3 nodes no EP can run" in message
+    assert "com.example::Frobnicate(1), com.example::Twiddle(1)" in message
+    assert "'second' com.example::Twiddle at opset 1: cpu: Twiddle is not implemented" in message

@@ -30,6 +30,33 @@ class NoEpForOp(NxrtError):
         super().__init__(msg)
 
 
+class NoEpForNodes(NoEpForOp):
+    """Several nodes no execution provider can run: every one is listed at once.
+
+    The fields of :class:`NoEpForOp` (and the first line of the message) are
+    the first such node's, so code catching ``NoEpForOp`` is unchanged;
+    ``nodes`` holds ``(node, domain, op_type, opset, why)`` for each of them,
+    in graph order, so a user fixing a model sees all that is missing.
+    """
+
+    #: How many nodes the message lists before it counts the rest.
+    SHOWN = 40
+
+    def __init__(self, nodes: list[tuple[str, str, str, int, str]]) -> None:
+        self.nodes = list(nodes)
+        name, domain, op_type, opset, why = self.nodes[0]
+        super().__init__(domain, op_type, opset, f"node {name!r} was refused by {why}")
+        if len(self.nodes) == 1:
+            return
+        ops = sorted({f"{d or 'ai.onnx'}::{o}({v})" for _, d, o, v, _ in self.nodes})
+        lines = [f"{len(self.nodes)} nodes no EP can run ({len(ops)} ops: {', '.join(ops)}):"]
+        for name, domain, op_type, opset, why in self.nodes[: self.SHOWN]:
+            lines.append(f"  {name!r} {domain or 'ai.onnx'}::{op_type} at opset {opset}: {why}")
+        if len(self.nodes) > self.SHOWN:
+            lines.append(f"  ... and {len(self.nodes) - self.SHOWN} more")
+        self.args = (self.args[0] + "\n" + "\n".join(lines),)
+
+
 class KernelFailed(NxrtError):
     """A kernel raised while computing; names the node, op and EP when known."""
 
@@ -196,6 +223,7 @@ __all__ = [
     "KernelFailed",
     "MissingRegions",
     "NoEpForContext",
+    "NoEpForNodes",
     "NoEpForOp",
     "NotInitialized",
     "NxrtError",

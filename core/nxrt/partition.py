@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nxrt.claims import claim_boundary, node_inputs
-from nxrt.errors import InvalidPlacement, NoEpForOp
+from nxrt.errors import InvalidPlacement, NoEpForNodes
 from nxrt.kernel import KernelMatch, SubgraphClaim
 from nxrt.model import opset_of
 from nxrt.registry import normalize_domain
@@ -188,15 +188,20 @@ def partition(
             else:
                 refusals[i].append((ep.id, match.reason))
 
+    unplaced = [
+        (
+            node.name,
+            node.domain or "ai.onnx",
+            node.op_type,
+            opset_of(model, node.domain),
+            "; ".join(f"{ep}: {reason}" for ep, reason in refusals[i]) or "no EP",
+        )
+        for i, node in enumerate(nodes)
+        if node_ep[i] is None
+    ]
+    if unplaced:  # every node no EP can run, at once (a NoEpForOp for the first)
+        raise NoEpForNodes(unplaced)
     for i, node in enumerate(nodes):
-        if node_ep[i] is None:
-            detail = "; ".join(f"{ep}: {reason}" for ep, reason in refusals[i]) or "no EP"
-            raise NoEpForOp(
-                node.domain or "ai.onnx",
-                node.op_type,
-                opset_of(model, node.domain),
-                f"node {node.name!r} was refused by {detail}",
-            )
         claim_index = node_claim[i]
         report.nodes.append(
             NodePlacement(
