@@ -143,7 +143,7 @@ def squeezenet():
 @pytest.mark.parametrize(
     "feeds, message",
     [
-        ({}, "missing input"),
+        ({}, r"Required inputs \(\[.data_0.\]\) are missing"),
         ({"data_0": np.zeros((1, 3, 224, 224), np.float32), "extra": 1}, "unknown input"),
         ({"data_0": np.zeros((1, 3, 224, 224), np.int32)}, "dtype int32, expected float32"),
         ({"data_0": np.zeros((3, 224, 224), np.float32)}, "rank 3"),

@@ -98,7 +98,7 @@ def test_inputs_outputs_and_providers(cpu_pm):
         ("probs", ["N", 3]),
         ("w2_flat", [24]),
     ]
-    assert session.get_providers() == ["cpu"]
+    assert session.get_providers() == ["CPUExecutionProvider"]  # the name it was asked by
     assert {a.name for a in session.get_overridable_initializers()} == set()
 
 
@@ -110,14 +110,16 @@ def test_default_providers_are_chosen_among_every_installed_ep_cpu_last(cpu_pm):
         ordered = nxrt.InferenceSession(mlp_model(), options, plugin_manager=cpu_pm)
     candidates = [c.providers for c in measured.get_partition().selection.candidates]
     assert candidates == [["toy", "cpu"], ["cpu"]]
-    assert measured.get_providers() in candidates
-    assert ordered.get_providers() == ["toy", "cpu"]
+    # EPs the session chose are reported by their public names (cpu: CPUExecutionProvider)
+    assert measured.get_providers() in [["toy", "CPUExecutionProvider"], ["CPUExecutionProvider"]]
+    assert ordered.get_providers() == ["toy", "CPUExecutionProvider"]
     assert [p.ep for p in ordered.get_partition().nodes] == ["cpu", "toy", "cpu", "cpu"]
 
 
 def test_get_available_providers_lists_installed_cpu():
-    assert "cpu" in nxrt.get_available_providers()
-    assert nxrt.get_available_providers()[-1] == "cpu"
+    # by ONNX Runtime names where an EP has one, nxrt ids otherwise (docs/onnxruntime-compat.md)
+    assert "CPUExecutionProvider" in nxrt.get_available_providers()
+    assert nxrt.get_available_providers()[-1] == "CPUExecutionProvider"
 
 
 def test_unknown_provider_is_a_clear_error(cpu_pm):
@@ -131,7 +133,11 @@ def test_unknown_provider_is_a_clear_error(cpu_pm):
 @pytest.mark.parametrize(
     "feeds, message",
     [
-        ({}, r"missing input\(s\) \['x'\]; the model's inputs are x: tensor\(float\) \['N', 4\]"),
+        (
+            {},
+            r"Required inputs \(\['x'\]\) are missing from input feed \(\[\]\)\. The model's "
+            r"inputs: x: tensor\(float\) \['N', 4\]",
+        ),
         ({"x": X, "z": X}, r"unknown input name\(s\) \['z'\]"),
         ({"x": X.astype(np.float64)}, "dtype float64, expected float32"),
         ({"x": X[0]}, r"rank 1 \(shape \[4\]\), expected rank 2"),

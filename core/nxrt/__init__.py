@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 __version__ = "0.1.0"
+#: onnxruntime's names for the package and its version (nxrt's own; the ONNX Runtime API
+#: version nxrt follows is ``ORT_API_VERSION``, which ``get_version_string()`` reports).
+package_name = "nxrt"
+version = __version__
 
 #: The marker plugins put on their hook implementations: ``@nxrt.hookimpl``.
 hookimpl = pluggy.HookimplMarker("nxrt")
@@ -23,7 +27,25 @@ _LAZY = {
     "RunOptions": "nxrt.session",
     "GraphOptimizationLevel": "nxrt.session",
     "NodeArg": "nxrt.session",
+    "ModelMetadata": "nxrt.session",
+    "ExecutionMode": "nxrt.session",
+    "ExecutionOrder": "nxrt.session",
     "OrtExecutionProviderDevicePolicy": "nxrt.session",
+    "OrtValue": "nxrt.ortvalue",
+    "OrtMemoryInfo": "nxrt.ortvalue",
+    "OrtMemType": "nxrt.ortvalue",
+    "OrtAllocatorType": "nxrt.ortvalue",
+    "IOBinding": "nxrt.iobinding",
+    "ORT_API_VERSION": "nxrt.runtime",
+    "get_all_providers": "nxrt.runtime",
+    "get_build_info": "nxrt.runtime",
+    "get_device": "nxrt.runtime",
+    "get_version_string": "nxrt.runtime",
+    "set_default_logger_callback": "nxrt.runtime",
+    "set_default_logger_severity": "nxrt.runtime",
+    "set_default_logger_verbosity": "nxrt.runtime",
+    "disable_telemetry_events": "nxrt.runtime",
+    "enable_telemetry_events": "nxrt.runtime",
     "ExecutionProvider": "nxrt.provider",
     "EpConfig": "nxrt.provider",
     "Kernel": "nxrt.kernel",
@@ -39,12 +61,29 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from nxrt.host import NxrtPluginManager, get_plugin_manager
+    from nxrt.iobinding import IOBinding
     from nxrt.kernel import Cost, Kernel, KernelMatch, SubgraphClaim
+    from nxrt.ortvalue import OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue
     from nxrt.provider import EpConfig, ExecutionProvider
     from nxrt.registry import EpRegistry, OpKey, OpRegistry
+    from nxrt.runtime import (
+        ORT_API_VERSION,
+        disable_telemetry_events,
+        enable_telemetry_events,
+        get_all_providers,
+        get_build_info,
+        get_device,
+        get_version_string,
+        set_default_logger_callback,
+        set_default_logger_severity,
+        set_default_logger_verbosity,
+    )
     from nxrt.session import (
+        ExecutionMode,
+        ExecutionOrder,
         GraphOptimizationLevel,
         InferenceSession,
+        ModelMetadata,
         NodeArg,
         OrtExecutionProviderDevicePolicy,
         RunOptions,
@@ -59,6 +98,10 @@ _default_lock = threading.Lock()
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name == "capi":  # onnxruntime.capi.onnxruntime_pybind11_state and the like
+        return importlib.import_module("nxrt.capi")
+    if name == "SessionIOBinding":  # onnxruntime's name of the binding class in capi
+        return importlib.import_module("nxrt.iobinding").IOBinding
     raise AttributeError(f"module 'nxrt' has no attribute {name!r}")
 
 
@@ -74,31 +117,53 @@ def default_plugin_manager() -> NxrtPluginManager:
 
 
 def get_available_providers() -> list[str]:
-    """Ids of the installed EPs, in the default priority order (cpu last)."""
-    from nxrt.host import Host
+    """The installed EPs in the default priority order (cpu last), by their ONNX Runtime
+    names where they have one (``CPUExecutionProvider``), else by their nxrt ids; both
+    kinds of name are accepted everywhere (docs/onnxruntime-compat.md)."""
+    from nxrt.runtime import get_available_providers as available
 
-    return Host(default_plugin_manager()).build_registry().default_order()
+    return available(default_plugin_manager())
 
 
 __all__ = [
+    "ORT_API_VERSION",
     "Cost",
     "EpConfig",
     "EpRegistry",
+    "ExecutionMode",
+    "ExecutionOrder",
     "ExecutionProvider",
     "ExecutionProviderCapabilities",
     "GraphOptimizationLevel",
+    "IOBinding",
     "InferenceSession",
     "Kernel",
     "KernelMatch",
+    "ModelMetadata",
     "NodeArg",
     "OpKey",
     "OpRegistry",
+    "OrtAllocatorType",
     "OrtExecutionProviderDevicePolicy",
+    "OrtMemType",
+    "OrtMemoryInfo",
+    "OrtValue",
     "RunOptions",
     "SessionOptions",
     "SubgraphClaim",
     "default_plugin_manager",
+    "disable_telemetry_events",
+    "enable_telemetry_events",
+    "get_all_providers",
     "get_available_providers",
+    "get_build_info",
+    "get_device",
     "get_plugin_manager",
+    "get_version_string",
     "hookimpl",
+    "package_name",
+    "set_default_logger_callback",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
+    "version",
 ]

@@ -3,18 +3,25 @@
 The first group mirrors the seed's ``EpError`` variants with the same fields;
 the rest cover the model, the feeds and the weights. Each message says what
 went wrong and what to do next.
+
+Each class also derives from the ONNX Runtime exception classes
+(:mod:`nxrt.capi.status`) naming the status onnxruntime reports for the same
+failure, so code written for onnxruntime (``except Fail``, ``except
+InvalidArgument``) catches nxrt's errors unchanged.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from nxrt.capi import status
+
 
 class NxrtError(Exception):
     """Base class of every error nxrt raises on purpose."""
 
 
-class NoEpForOp(NxrtError):
+class NoEpForOp(NxrtError, status.Fail, status.NotImplemented):
     """No execution provider can run a node."""
 
     def __init__(self, domain: str, op_type: str, opset: int, detail: str = "") -> None:
@@ -57,7 +64,7 @@ class NoEpForNodes(NoEpForOp):
         self.args = (self.args[0] + "\n" + "\n".join(lines),)
 
 
-class KernelFailed(NxrtError):
+class KernelFailed(NxrtError, status.Fail, status.RuntimeException):
     """A kernel raised while computing; names the node, op and EP when known."""
 
     def __init__(self, message: str, *, node: str = "", op_type: str = "", ep: str = "") -> None:
@@ -66,7 +73,7 @@ class KernelFailed(NxrtError):
         super().__init__(f"kernel execution failed{where}: {message}")
 
 
-class EpPanicked(NxrtError):
+class EpPanicked(NxrtError, status.Fail, status.RuntimeException):
     """An EP raised something that is not an nxrt error; the session stays usable."""
 
     def __init__(self, *, node: str = "", op_type: str = "", ep: str = "", cause: str = "") -> None:
@@ -81,7 +88,7 @@ class EpPanicked(NxrtError):
         )
 
 
-class EpLoadFailed(NxrtError):
+class EpLoadFailed(NxrtError, status.Fail):
     """A plugin could not be loaded or registered; other plugins keep working."""
 
     def __init__(self, path: str, reason: str) -> None:
@@ -89,7 +96,7 @@ class EpLoadFailed(NxrtError):
         super().__init__(f"EP plugin load failed: {path}: {reason}")
 
 
-class OutOfMemory(NxrtError):
+class OutOfMemory(NxrtError, status.Fail):
     """An allocation would exceed a device's byte budget."""
 
     def __init__(self, requested: int, available: int) -> None:
@@ -100,7 +107,7 @@ class OutOfMemory(NxrtError):
         )
 
 
-class AlignmentError(NxrtError):
+class AlignmentError(NxrtError, status.InvalidArgument):
     """A buffer's address is not aligned as its dtype or EP requires."""
 
     def __init__(self, reason: str = "") -> None:
@@ -108,7 +115,7 @@ class AlignmentError(NxrtError):
         super().__init__(f"allocation alignment mismatch{': ' + reason if reason else ''}")
 
 
-class InvalidTensorView(NxrtError):
+class InvalidTensorView(NxrtError, status.InvalidArgument):
     """A tensor view's dtype, shape, strides or byte length do not agree."""
 
     def __init__(self, reason: str) -> None:
@@ -116,7 +123,7 @@ class InvalidTensorView(NxrtError):
         super().__init__(f"invalid tensor view: {reason}")
 
 
-class NotInitialized(NxrtError):
+class NotInitialized(NxrtError, status.Fail):
     """An execution provider was used before ``initialize()``."""
 
     def __init__(self, ep: str = "") -> None:
@@ -126,7 +133,7 @@ class NotInitialized(NxrtError):
         )
 
 
-class NoEpForContext(NxrtError):
+class NoEpForContext(NxrtError, status.Fail, status.NotImplemented):
     """No installed EP owns an EPContext node's ``source`` key."""
 
     def __init__(self, source_key: str | None, detail: str = "") -> None:
@@ -138,7 +145,7 @@ class NoEpForContext(NxrtError):
         )
 
 
-class UnsupportedContext(NxrtError):
+class UnsupportedContext(NxrtError, status.Fail, status.NotImplemented):
     """An EP does not implement EPContext save/load."""
 
     def __init__(self, ep: str) -> None:
@@ -146,7 +153,7 @@ class UnsupportedContext(NxrtError):
         super().__init__(f"EP {ep} does not support EPContext save/load")
 
 
-class DuplicateContextSource(NxrtError):
+class DuplicateContextSource(NxrtError, status.Fail):
     """Two EPs advertise the same EPContext ``source`` key."""
 
     def __init__(self, source_key: str, existing: str, new: str) -> None:
@@ -157,11 +164,11 @@ class DuplicateContextSource(NxrtError):
         )
 
 
-class InvalidModel(NxrtError):
+class InvalidModel(NxrtError, status.Fail, status.InvalidGraph):
     """The model cannot be parsed, fails the checker, or its graph is malformed."""
 
 
-class InvalidPlacement(NxrtError):
+class InvalidPlacement(NxrtError, status.Fail):
     """The EPs' claims cannot be run in any order (a bug in an EP's claims)."""
 
     def __init__(self, claims: list[str], detail: str = "") -> None:
@@ -174,11 +181,25 @@ class InvalidPlacement(NxrtError):
         )
 
 
-class InvalidArgument(NxrtError, ValueError):
+class InvalidArgument(NxrtError, status.InvalidArgument, ValueError):
     """A call was given a value it cannot use (feeds, options, providers...)."""
 
 
-class WeightHandleError(NxrtError):
+class ModelNotFound(InvalidModel, status.NoSuchFile):
+    """The model file does not exist (onnxruntime's NO_SUCHFILE)."""
+
+
+class ModelNotParsed(InvalidModel, status.InvalidProtobuf):
+    """The bytes or the file are not a serialized ONNX model (onnxruntime's INVALID_PROTOBUF)."""
+
+
+class RuntimeFailure(NxrtError, status.Fail, RuntimeError):
+    """A request nxrt cannot carry out where onnxruntime raises a ``RuntimeError``: a config
+    entry that was never set, a binding to a name the model lacks, memory on a device no
+    installed EP has, a run stopped by ``RunOptions.terminate``."""
+
+
+class WeightHandleError(NxrtError, status.Fail):
     """A weight handle could not be built, negotiated or bound (seed: ``WeightHandleError``)."""
 
     def __eq__(self, other: Any) -> bool:
@@ -205,7 +226,7 @@ class Unsupported(WeightHandleError):
         super().__init__(f"unsupported: {reason}")
 
 
-class InvalidExternalData(NxrtError):
+class InvalidExternalData(NxrtError, status.Fail):
     """A tensor's external data is outside the model folder, out of bounds or mis-sized."""
 
 
@@ -222,12 +243,15 @@ __all__ = [
     "InvalidTensorView",
     "KernelFailed",
     "MissingRegions",
+    "ModelNotFound",
+    "ModelNotParsed",
     "NoEpForContext",
     "NoEpForNodes",
     "NoEpForOp",
     "NotInitialized",
     "NxrtError",
     "OutOfMemory",
+    "RuntimeFailure",
     "UnsupportedContext",
     "Unsupported",
     "WeightHandleError",

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from nxrt.errors import InvalidModel
+from nxrt.errors import InvalidModel, ModelNotFound, ModelNotParsed
 from nxrt.registry import normalize_domain
-from nxrt.values import MapType, hide_map_types, restore_map_types
+from nxrt.values import MapType, complete_types, hide_map_types, restore_map_types
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -34,7 +34,7 @@ def read_proto(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.
         try:
             proto.ParseFromString(bytes(model))
         except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError
-            raise InvalidModel(
+            raise ModelNotParsed(
                 f"the bytes given are not an ONNX model ({exc}); pass the bytes of a .onnx file"
             ) from exc
         if not proto.graph.node and not proto.graph.output:
@@ -43,11 +43,11 @@ def read_proto(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.isfile(path):
-            raise InvalidModel(f"model file {path!r} does not exist")
+            raise ModelNotFound(f"model file {path!r} does not exist")
         try:
             return onnx.load(path, load_external_data=False)
         except Exception as exc:  # noqa: BLE001
-            raise InvalidModel(f"{path!r} is not a readable ONNX model: {exc}") from exc
+            raise ModelNotParsed(f"{path!r} is not a readable ONNX model: {exc}") from exc
     raise InvalidModel(
         f"cannot load a model from {type(model).__name__}; pass a path, bytes or onnx.ModelProto"
     )
@@ -67,7 +67,8 @@ def check_opsets(proto: onnx.ModelProto) -> None:
 
 def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Run the ONNX checker, then shape inference (which may not know every op); returns
-    ``proto`` with the inferred types and shapes in its ``value_info``.
+    ``proto`` with the inferred types and shapes in its ``value_info``. Outputs that
+    inference leaves untyped get their schema's type (:func:`nxrt.values.complete_types`).
 
     Both run on a copy without the weights' bytes (:func:`_types_only`): each
     passes the whole model through C++ as serialized bytes, and shape
@@ -77,6 +78,7 @@ def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     from nxrt.external_data import external_data_hidden_from_checker
 
     light = _types_only(proto)
+    _initializers_listed_as_inputs(light)
     try:
         with _outputs_typed_for_checker(light), external_data_hidden_from_checker(light):
             onnx.checker.check_model(light)
@@ -84,11 +86,29 @@ def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise InvalidModel(f"the model fails the ONNX checker: {first}") from exc
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+        inferred = complete_types(light, _infer_shapes)
     except Exception:  # noqa: BLE001 - inference is an aid, never required
         return proto
     _take_inferred_types(proto.graph, inferred.graph)
     return proto
+
+
+def _initializers_listed_as_inputs(light: onnx.ModelProto) -> None:
+    """Before IR version 4 the checker wants every initializer listed as a graph input; like
+    ONNX Runtime, accept such models that do not list them (ONNX Runtime's own sample
+    ``mul_1.onnx``). Only the checker's copy gains the inputs, so they stay constants."""
+    if light.ir_version >= 4:
+        return
+    listed = {value.name for value in light.graph.input}
+    for tensor in light.graph.initializer:
+        if tensor.name not in listed:
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
+            )
+
+
+def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)
 
 
 #: Initializers of at least this many bytes (serialized) go to the checker and to shape

@@ -59,6 +59,12 @@ from nxrt.kernel import Kernel, SubgraphClaim
 from nxrt.memory import parse_bytes
 from nxrt.model import load_model, opset_of
 from nxrt.optimizer import fold_constants, run_passes
+from nxrt.overrides import (
+    override_free_dimensions,
+    private_ops,
+    replace_initializers,
+    save_optimized,
+)
 from nxrt.partition import Copy, Placement, partition, schedule
 from nxrt.provider import EpConfig, ExecutionProvider
 from nxrt.selection import ExecutionProviderDevicePolicy, SelectionReport
@@ -546,6 +552,17 @@ class CreateOptions:
     allow_compile: bool = True
     policy: ExecutionProviderDevicePolicy = ExecutionProviderDevicePolicy.DEFAULT
     config: dict[str, str] = field(default_factory=dict)
+    #: Arrays replacing the model's initializers (``add_initializer``), and those replacing
+    #: initializers with external data (``add_external_initializers``).
+    initializers: dict[str, np.ndarray] = field(default_factory=dict)
+    external_initializers: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Sizes fixing the model's symbolic dimensions (``add_free_dimension_override_by_name``).
+    free_dimensions: dict[str, int] = field(default_factory=dict)
+    #: Where to write the optimized model ('': nowhere; ``optimized_model_filepath``).
+    optimized_model_path: str = ""
+    #: Provider names that, requested but not installed, are left out with a warning
+    #: (ONNX Runtime's names) instead of being an error.
+    optional_providers: frozenset[str] = frozenset()
 
 
 def create(
@@ -559,11 +576,50 @@ def create(
     registry = host.build_registry()
     parallel = HostParallel(options.threads)
     loaded = load(source)
+    replace_initializers(loaded.model, loaded.weights, options.initializers, external=False)
+    replace_initializers(loaded.model, loaded.weights, options.external_initializers, external=True)
+    override_free_dimensions(loaded.model, options.free_dimensions)
+    as_loaded = loaded.model.clone() if options.optimized_model_path else None
+    if requests is not None and options.optional_providers:
+        requests = installed_requests(requests, registry, options.optional_providers)
     if requests is None and len(registry.providers) > 1:
-        return choose(source, loaded, host, registry, parallel, options)
-    selection = select_providers(registry, host, requests, fallback=options.fallback)
-    providers = create_providers(selection, host, parallel, options.threads)
-    return build(loaded, host, registry, parallel, selection, providers, options)
+        state = choose(source, loaded, host, registry, parallel, options)
+    else:
+        selection = select_providers(registry, host, requests, fallback=options.fallback)
+        providers = create_providers(selection, host, parallel, options.threads)
+        state = build(loaded, host, registry, parallel, selection, providers, options)
+    if as_loaded is not None:
+        optimized = state.loaded.model
+        if private_ops(optimized):  # fusions only nxrt runs: write the EP-neutral passes' graph
+            fold_constants(
+                as_loaded,
+                lambda node: evaluate_constant(node, as_loaded, state.providers, state.host),
+            )
+            optimized = as_loaded
+        save_optimized(optimized, options.optimized_model_path, source)
+    return state
+
+
+def installed_requests(
+    requests: list[tuple[str, dict[str, Any]]],
+    registry: EpRegistry,
+    optional: frozenset[str],
+) -> list[tuple[str, dict[str, Any]]]:
+    """``requests`` without the ``optional`` names no installed EP answers to, each left out
+    with a warning (as ONNX Runtime does for providers its build lacks)."""
+    import warnings
+
+    kept = []
+    for name, provider_options in requests:
+        if name in optional and registry.resolve(name) is None:
+            warnings.warn(
+                f"execution provider {name!r} is not installed; the session runs without it "
+                f"(installed: {', '.join(registry.default_order())})",
+                stacklevel=4,
+            )
+            continue
+        kept.append((name, provider_options))
+    return kept
 
 
 class _Built:

@@ -1,26 +1,35 @@
 """``InferenceSession``: ONNX Runtime's API over nxrt's plugin EPs.
 
 Creation is :mod:`nxrt.pipeline`'s; this module holds the ONNX Runtime-shaped
-classes around it (options, node args, the session) and the feed checks of ``run``.
+classes around it (options, node args, model metadata, the session) and the
+feed checks of ``run``. ``OrtValue`` and ``IOBinding`` live in
+:mod:`nxrt.ortvalue` and :mod:`nxrt.iobinding`; provider names, versions and
+the default logger in :mod:`nxrt.runtime`. docs/onnxruntime-compat.md lists
+what each onnxruntime name does here.
 """
 
 from __future__ import annotations
 
+import copy
+import ctypes
 import enum
 import os
+import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from nxrt import pipeline
-from nxrt.errors import InvalidArgument
-from nxrt.executor import Profiler
+from nxrt import pipeline, runtime
+from nxrt.errors import InvalidArgument, NxrtError, RuntimeFailure
+from nxrt.executor import CopyKernel, Plan, Profiler
 from nxrt.host import NxrtPluginManager
+from nxrt.iobinding import IOBinding
 from nxrt.model import numpy_dtype, type_string_of
+from nxrt.ortvalue import HOST, OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue
 from nxrt.partition import PartitionReport
 from nxrt.pipeline import DISABLE_CPU_EP_FALLBACK, DISABLE_MODEL_COMPILE, ProviderRequest
 from nxrt.selection import ExecutionProviderDevicePolicy
@@ -33,13 +42,18 @@ OrtExecutionProviderDevicePolicy = ExecutionProviderDevicePolicy
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from nxrt.executor import Step
+    from nxrt.provider import ExecutionProvider
     from nxrt.weight import ExecutionProviderCapabilities
 
 __all__ = [
     "DISABLE_CPU_EP_FALLBACK",
     "DISABLE_MODEL_COMPILE",
+    "ExecutionMode",
+    "ExecutionOrder",
     "GraphOptimizationLevel",
     "InferenceSession",
+    "ModelMetadata",
     "NodeArg",
     "OrtExecutionProviderDevicePolicy",
     "RunOptions",
@@ -51,22 +65,65 @@ class GraphOptimizationLevel(enum.IntEnum):
     ORT_DISABLE_ALL = 0
     ORT_ENABLE_BASIC = 1
     ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_LAYOUT = 3
     ORT_ENABLE_ALL = 99
 
 
+class ExecutionMode(enum.IntEnum):
+    """How nodes are scheduled. nxrt runs its plan in order, each kernel using the session's
+    threads; ``ORT_PARALLEL`` (independent branches at once) runs as ``ORT_SEQUENTIAL``,
+    with a warning, as onnxruntime does for EPs that cannot run branches in parallel."""
+
+    ORT_SEQUENTIAL = 0
+    ORT_PARALLEL = 1
+
+
+class ExecutionOrder(enum.IntEnum):
+    """The order of the plan's nodes; nxrt's is its own topological schedule, so any value
+    other than ``DEFAULT`` is reported with a warning and the schedule is kept."""
+
+    DEFAULT = 0
+    PRIORITY_BASED = 1
+    MEMORY_EFFICIENT = 2
+
+
 class SessionOptions:
-    """Session settings, with ONNX Runtime's attribute names."""
+    """Session settings, with ONNX Runtime's attribute names and defaults.
+
+    Settings of onnxruntime features nxrt lacks behave as onnxruntime built
+    without the feature (docs/onnxruntime-compat.md): nxrt keeps no memory
+    arena and no memory patterns, so ``enable_cpu_mem_arena``,
+    ``enable_mem_pattern`` and ``enable_mem_reuse`` set to False ask for what
+    nxrt always does (every buffer comes from its EP's allocator and is
+    released after its last use); ``execution_mode`` and ``execution_order``
+    other than the defaults are reported with a warning when a session starts.
+    """
 
     def __init__(self) -> None:
         self.intra_op_num_threads = 0
         self.inter_op_num_threads = 0
         self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.execution_mode = ExecutionMode.ORT_SEQUENTIAL
+        self.execution_order = ExecutionOrder.DEFAULT
         self.enable_profiling = False
         self.profile_file_prefix = "nxrt_profile"
-        self.log_severity_level = 2
+        self.optimized_model_filepath = ""
+        self.enable_cpu_mem_arena = True
+        self.enable_mem_pattern = True
+        self.enable_mem_reuse = True
+        self.use_deterministic_compute = False
+        self.use_per_session_threads = True
+        self.log_severity_level = -1  # -1: the default logger's severity
         self.log_verbosity_level = 0
+        self.logid = ""
         self._config: dict[str, str] = {}
         self._selection_policy = ExecutionProviderDevicePolicy.DEFAULT
+        self._policy_set = False
+        self._providers: list[tuple[str, dict[str, Any]]] = []
+        self._initializers: dict[str, OrtValue] = {}
+        self._external_initializers: dict[str, OrtValue] = {}
+        self._free_dimensions: dict[str, int] = {}
+        self._custom_op_libraries: list[str] = []
 
     def set_provider_selection_policy(self, policy: ExecutionProviderDevicePolicy | str) -> None:
         """How a session given no ``providers`` picks its EPs (see :mod:`nxrt.selection`).
@@ -76,29 +133,125 @@ class SessionOptions:
         nxrt's ``MEASURE``, the default, and ``PRIORITY``) or its name.
         """
         self._selection_policy = ExecutionProviderDevicePolicy.parse(policy)
+        self._policy_set = True
 
     @property
     def provider_selection_policy(self) -> ExecutionProviderDevicePolicy:
         return self._selection_policy
 
+    def add_provider(self, provider_name: str, provider_options: dict[str, Any]) -> None:
+        """An EP (id or ONNX Runtime name) for sessions created without ``providers``."""
+        self._providers.append((str(provider_name), dict(provider_options)))
+
+    def has_providers(self) -> bool:
+        """Whether EPs or a selection policy were set on these options."""
+        return bool(self._providers) or self._policy_set
+
     def add_session_config_entry(self, key: str, value: str) -> None:
         self._config[str(key)] = str(value)
 
     def get_session_config_entry(self, key: str) -> str:
-        if key not in self._config:
-            raise InvalidArgument(f"session config entry {key!r} is not set")
-        return self._config[key]
+        return _config_entry(self._config, key, "SessionOptions", "add_session_config_entry")
 
     def config_flag(self, key: str) -> bool:
         return self._config.get(key, "0") not in ("", "0")
 
+    def add_initializer(self, name: str, value: OrtValue) -> None:
+        """Replace the model's initializer ``name`` by ``value``'s data, which the session
+        reads without a copy (keep ``value`` unchanged while sessions use it)."""
+        self._initializers[str(name)] = _host_ortvalue(value, "add_initializer")
+
+    def add_external_initializers(self, names: Sequence[str], values: Sequence[OrtValue]) -> None:
+        """Give the data of initializers the model keeps in external files (e.g. weights
+        the application already holds in memory), instead of reading those files."""
+        if len(names) != len(values):
+            raise InvalidArgument(
+                f"add_external_initializers got {len(names)} names and {len(values)} values; "
+                "give one OrtValue per name"
+            )
+        for name, value in zip(names, values):
+            self._external_initializers[str(name)] = _host_ortvalue(
+                value, "add_external_initializers"
+            )
+
+    def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
+        """Fix the symbolic dimension ``dim_name`` of the model to ``dim_value``."""
+        if int(dim_value) < 0:
+            raise InvalidArgument(f"dimension {dim_name!r} cannot be {dim_value}: sizes are >= 0")
+        self._free_dimensions[str(dim_name)] = int(dim_value)
+
+    def register_custom_ops_library(self, library_path: str) -> None:
+        """Load an ONNX Runtime custom-op library, refusing it as onnxruntime does when it
+        cannot be loaded or lacks ``RegisterCustomOps``.
+
+        nxrt's kernels come from its EP plugins, so it runs none of the library's
+        kernels: a warning says so, and a node of the library's ops needs an
+        installed EP implementing it (else ``NoEpForOp`` names it).
+        """
+        path = os.fspath(library_path)
+        try:
+            library = ctypes.CDLL(path)
+        except OSError as exc:
+            raise RuntimeFailure(f"failed to load library {path}: {exc}") from exc
+        if not hasattr(library, "RegisterCustomOps"):
+            raise RuntimeFailure(
+                f"failed to get symbol RegisterCustomOps from {path}: it is not an ONNX Runtime "
+                "custom-op library"
+            )
+        runtime.logger.warning(
+            "custom-op library %s loaded; nxrt runs no kernels from ONNX Runtime libraries: "
+            "its ops need an installed nxrt EP that implements them",
+            path,
+        )
+        self._custom_op_libraries.append(path)
+
+
+def _host_ortvalue(value: Any, method: str) -> OrtValue:
+    if not isinstance(value, OrtValue):
+        raise RuntimeFailure(
+            f"{method} takes an OrtValue, got {type(value).__name__}; wrap an array with "
+            "OrtValue.ortvalue_from_numpy(array)"
+        )
+    return value
+
 
 class RunOptions:
-    """Per-run settings, with ONNX Runtime's attribute names."""
+    """Per-run settings, with ONNX Runtime's attribute names and defaults.
+
+    ``terminate`` set to True (before or during a run, from any thread) stops the runs
+    using these options between two kernels; ``only_execute_path_to_fetches`` runs only
+    the kernels the requested outputs depend on.
+    """
 
     def __init__(self) -> None:
-        self.log_severity_level = 2
-        self.run_tag = ""
+        self.log_severity_level = -1  # -1: the session's
+        self.log_verbosity_level = 0
+        self.logid = ""
+        self.terminate = False
+        self.only_execute_path_to_fetches = False
+        self._config: dict[str, str] = {}
+
+    @property
+    def run_tag(self) -> str:
+        """onnxruntime's former name of ``logid``."""
+        return self.logid
+
+    @run_tag.setter
+    def run_tag(self, value: str) -> None:
+        self.logid = value
+
+    def add_run_config_entry(self, key: str, value: str) -> None:
+        self._config[str(key)] = str(value)
+
+    def get_run_config_entry(self, key: str) -> str:
+        return _config_entry(self._config, key, "RunOptions", "add_run_config_entry")
+
+
+def _config_entry(config: dict[str, str], key: str, owner: str, setter: str) -> str:
+    """A config entry, or the RuntimeError onnxruntime raises for a key never set."""
+    if key not in config:
+        raise RuntimeFailure(f"{owner} has no config entry {key!r}; set it with {setter}")
+    return config[key]
 
 
 @dataclass(frozen=True)
@@ -108,6 +261,19 @@ class NodeArg:
     name: str
     shape: list[int | str | None]
     type: str
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """The model's metadata, as ``get_modelmeta()`` returns it."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str] = field(default_factory=dict)
 
 
 def _describe_values(values: Sequence[ir.Value]) -> list[NodeArg]:
@@ -131,6 +297,34 @@ def _host_array(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def _decoded(array: np.ndarray) -> np.ndarray:
+    """A bytes (``S``) or ``np.void`` string feed as the str objects string kernels take."""
+    if array.dtype.kind == "V":
+        array = array.view(np.dtype(("S", array.dtype.itemsize)))
+    return np.char.decode(array, "utf-8").astype(object)
+
+
+class _RunWatch:
+    """Stands in for the profiler of a run given ``RunOptions``: after every kernel it
+    stops the run if ``terminate`` was set (from any thread), and records the kernel's
+    span when the session profiles."""
+
+    def __init__(self, options: RunOptions, profiler: Profiler | None) -> None:
+        self.options, self.profiler = options, profiler
+
+    def record(self, step: Step, start: int, end: int) -> None:
+        if self.profiler is not None:
+            self.profiler.record(step, start, end)
+        if self.options.terminate:
+            raise _terminated()
+
+
+def _terminated() -> RuntimeFailure:
+    return RuntimeFailure(
+        "the run was stopped: RunOptions.terminate is set; set it to False to run again"
+    )
+
+
 class InferenceSession:
     """Runs an ONNX model on the installed execution providers.
 
@@ -141,8 +335,11 @@ class InferenceSession:
     :param sess_options: :class:`SessionOptions`.
     :param providers: EP ids (or ONNX Runtime names such as
         ``CPUExecutionProvider``) or ``(id, options)`` pairs, highest priority
-        first. Default: every installed EP, cpu last. cpu is appended as the
-        fallback unless ``session.disable_cpu_ep_fallback`` is ``"1"``.
+        first. Default: the EPs of ``sess_options.add_provider``, else every
+        installed EP as the selection policy orders them, cpu last. cpu is
+        appended as the fallback unless ``session.disable_cpu_ep_fallback`` is
+        ``"1"``. ONNX Runtime names of providers not installed are left out
+        with a warning, as onnxruntime does.
     :param provider_options: One options dict per entry of ``providers``.
     :param plugin_manager: The plugin manager to use (tests inject one);
         default: nxrt's shared one.
@@ -160,13 +357,29 @@ class InferenceSession:
     ) -> None:
         from nxrt import default_plugin_manager
 
+        self._fallback = int(kwargs.pop("enable_fallback", 1)) == 1
         if kwargs:
             raise InvalidArgument(
                 f"InferenceSession got unexpected keyword argument(s) {sorted(kwargs)}; it "
-                "takes path_or_bytes, sess_options, providers, provider_options"
+                "takes path_or_bytes, sess_options, providers, provider_options, enable_fallback"
             )
+        self._source = path_or_bytes
         self._options = sess_options or SessionOptions()
+        self._pm = plugin_manager or default_plugin_manager()
+        self._create(providers, provider_options)
+
+    def _create(
+        self,
+        providers: Sequence[ProviderRequest] | None,
+        provider_options: Sequence[dict[str, Any]] | None,
+    ) -> None:
+        """Create (or re-create, for ``set_providers``) everything from the source model."""
         options = self._options
+        self._log = runtime.SessionLog(options.logid, options.log_severity_level)
+        self._warn_unsupported_options()
+        requests = pipeline.provider_requests(providers, provider_options)
+        if requests is None and options._providers:
+            requests = [(name, dict(values)) for name, values in options._providers]
         create_options = pipeline.CreateOptions(
             threads=options.intra_op_num_threads or None,
             optimize=options.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -174,13 +387,13 @@ class InferenceSession:
             allow_compile=not options.config_flag(pipeline.DISABLE_MODEL_COMPILE),
             policy=options.provider_selection_policy,
             config=dict(options._config),
+            initializers={n: v.numpy() for n, v in options._initializers.items()},
+            external_initializers={n: v.numpy() for n, v in options._external_initializers.items()},
+            free_dimensions=dict(options._free_dimensions),
+            optimized_model_path=os.fspath(options.optimized_model_filepath or ""),
+            optional_providers=frozenset(runtime.ORT_PROVIDER_NAMES),
         )
-        self._state = state = pipeline.create(
-            path_or_bytes,
-            pipeline.provider_requests(providers, provider_options),
-            create_options,
-            plugin_manager or default_plugin_manager(),
-        )
+        self._state = state = pipeline.create(self._source, requests, create_options, self._pm)
         self._model = state.loaded.model
         self._host = state.host
         self._eps = state.providers.eps
@@ -200,15 +413,84 @@ class InferenceSession:
         self._input_dtypes = {a.name: v for a, v in zip(self._inputs, self._input_values())}
         # built once: models that list their weights as inputs have hundreds of names
         self._expected_inputs = {a.name: a for a in self._inputs}
+        self._required_inputs = [a.name for a in self._inputs if not a.type.startswith("optional")]
         self._overridable_names = frozenset(a.name for a in self._overridable)
+        # outputs that are graph inputs: run hands out copies of them, never the caller's array
+        self._fed_outputs = frozenset(a.name for a in self._outputs) & set(self._expected_inputs)
+        self._device_inputs = self._inputs_read_on_one_device()
+        self._variants: dict[tuple[Any, ...], Plan] = {}
+        self._variants_lock = threading.Lock()
+        self._provider_names = self._name_providers(requests)
         self._profiler = None
+        self._profiling_start_ns = 0
         if options.enable_profiling:
             stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
             self._profiler = Profiler(f"{options.profile_file_prefix}_{stamp}.json")
+            self._profiling_start_ns = time.time_ns()
+        placed = sorted({p.ep for p in self._report.nodes})
+        self._log.log(1, "session created; nodes placed on %s", placed)
+
+    def _warn_unsupported_options(self) -> None:
+        """Say which requested onnxruntime features this session runs without."""
+        options = self._options
+        if options.execution_mode == ExecutionMode.ORT_PARALLEL:
+            self._log.log(
+                2,
+                "execution_mode ORT_PARALLEL: nxrt runs the plan's kernels one after another "
+                "(each uses intra_op_num_threads); the session runs as ORT_SEQUENTIAL",
+            )
+        if options.execution_order != ExecutionOrder.DEFAULT:
+            self._log.log(
+                2,
+                "execution_order %s: nxrt keeps its own topological schedule",
+                ExecutionOrder(options.execution_order).name,
+            )
 
     def _input_values(self) -> list[ir.Value]:
         names = {a.name for a in self._inputs}
         return [v for v in self._model.graph.inputs if v.name in names]
+
+    def _name_providers(self, requests: list[tuple[str, dict[str, Any]]] | None) -> list[str]:
+        """The names ``get_providers()`` reports: each EP the caller named, as the caller
+        spelled it; the EPs the session chose itself (the cpu fallback, every EP when no
+        providers were given) by their public name, or by their id when the caller named
+        EPs by nxrt ids only (docs/onnxruntime-compat.md)."""
+        registry = self._state.registry
+        given: dict[str, str] = {}
+        public = requests is None
+        for name, _ in requests or []:
+            descriptor = registry.resolve(name)
+            if descriptor is not None:
+                given.setdefault(descriptor.id, name)
+                public = public or name != descriptor.id
+        names = []
+        for ep, _ in self._eps:
+            if ep.id in given:
+                names.append(given[ep.id])
+            elif public and ep.id in registry.providers:
+                names.append(runtime.public_name(registry.providers[ep.id]))
+            else:
+                names.append(ep.id)
+        return names
+
+    def _inputs_read_on_one_device(self) -> dict[str, tuple[str, int]]:
+        """Inputs whose only readers are the copy to one device EP, with that device and
+        the copy's step: a value already on that device skips the copy."""
+        plan = self._plan
+        readers: dict[int, list[int]] = {}
+        for index, step in enumerate(plan.steps):
+            for slot in step.inputs:
+                readers.setdefault(slot, []).append(index)
+        found = {}
+        for name in self._expected_inputs:
+            steps = readers.get(plan.input_slots.get(name, -2), [])
+            if len(steps) != 1:
+                continue
+            step = plan.steps[steps[0]]
+            kernel = step.kernel
+            if isinstance(kernel, CopyKernel) and kernel.source is None and kernel.target:
+                found[name] = (kernel.target.device_type, steps[0])
+        return found
 
     # -- ONNX Runtime's API -------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -221,32 +503,97 @@ class InferenceSession:
         return list(self._overridable)
 
     def get_providers(self) -> list[str]:
-        return [ep.id for ep, _ in self._eps]
+        """The session's EPs, highest priority first (names: :meth:`_name_providers`)."""
+        return list(self._provider_names)
 
-    def get_provider_options(self) -> dict[str, dict[str, Any]]:
-        return {ep.id: dict(ep.config.options) for ep, _ in self._eps}
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        """Each EP's options as strings, keyed by the names :meth:`get_providers` reports."""
+        return {
+            name: {str(k): str(v) for k, v in ep.config.options.items()}
+            for name, (ep, _) in zip(self._provider_names, self._eps)
+        }
+
+    def set_providers(
+        self,
+        providers: Sequence[ProviderRequest] | None = None,
+        provider_options: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
+        """Re-create the session on other EPs (same model and options)."""
+        self._create(providers, provider_options)
+
+    def disable_fallback(self) -> None:
+        """onnxruntime's run-time fallback re-creates a session on CPU when an EP reports
+        EP_FAIL; nxrt's EPs never do (a failing EP raises ``EpPanicked``, and nodes an EP
+        cannot run fall back to cpu at creation), so this and :meth:`enable_fallback`
+        only record the setting."""
+        self._fallback = False
+
+    def enable_fallback(self) -> None:
+        """See :meth:`disable_fallback`."""
+        self._fallback = True
 
     def get_session_options(self) -> SessionOptions:
         return self._options
 
-    def get_modelmeta(self) -> dict[str, Any]:
-        return {
-            "producer_name": self._model.producer_name,
-            "graph_name": self._model.graph.name,
-            "doc_string": self._model.doc_string,
-            "custom_metadata_map": dict(self._model.metadata_props),
-        }
+    def get_modelmeta(self) -> ModelMetadata:
+        model = self._model
+        return ModelMetadata(
+            producer_name=model.producer_name or "",
+            graph_name=model.graph.name or "",
+            domain=model.domain or "",
+            description=model.doc_string or "",
+            graph_description=model.graph.doc_string or "",
+            version=int(model.model_version or 0),
+            custom_metadata_map=dict(model.metadata_props),
+        )
+
+    def get_input_memory_infos(self) -> list[OrtMemoryInfo]:
+        """Where ``run`` takes each input: host memory from a device allocator (no arena)."""
+        return [self._host_memory() for _ in self._inputs]
+
+    def get_output_memory_infos(self) -> list[OrtMemoryInfo]:
+        """Where ``run`` returns each output: host memory."""
+        return [self._host_memory() for _ in self._outputs]
+
+    @staticmethod
+    def _host_memory() -> OrtMemoryInfo:
+        return OrtMemoryInfo("Cpu", OrtAllocatorType.ORT_DEVICE_ALLOCATOR, 0, OrtMemType.DEFAULT)
 
     def get_partition(self) -> PartitionReport:
         """Which EP runs each node, the partitions, the copies, and every refusal."""
         return self._report
 
     def get_capabilities(self, ep_id: str) -> ExecutionProviderCapabilities:
-        return self._state.providers.capabilities[ep_id]
+        """An EP's capabilities, by id or by the name :meth:`get_providers` reports."""
+        capabilities = self._state.providers.capabilities
+        if ep_id not in capabilities and ep_id in self._provider_names:
+            ep_id = self._eps[self._provider_names.index(ep_id)][0].id
+        return capabilities[ep_id]
 
     def end_profiling(self) -> str:
-        """Write the Chrome trace and return its path ('' when profiling is off)."""
-        return self._profiler.write() if self._profiler else ""
+        """Write the Chrome trace, stop profiling, and return the trace's path ('' when
+        profiling is off or already ended)."""
+        profiler, self._profiler = self._profiler, None
+        return profiler.write() if profiler else ""
+
+    def get_profiling_start_time_ns(self) -> int:
+        """When profiling started, in ``time.time_ns()`` nanoseconds (0 when it is off)."""
+        return self._profiling_start_ns
+
+    def io_binding(self) -> IOBinding:
+        return IOBinding(self)
+
+    def create_ortvalue_from_shape_and_type(
+        self,
+        shape: Sequence[int],
+        element_type: Any,
+        device_type: str,
+        device_id: int = 0,
+        vendor_id: int = -1,
+    ) -> OrtValue:
+        return OrtValue.ortvalue_from_shape_and_type(
+            shape, element_type, device_type, device_id, vendor_id
+        )
 
     def run(
         self,
@@ -256,12 +603,159 @@ class InferenceSession:
     ) -> list[Any]:
         """Compute ``output_names`` (all when ``None``) from ``input_feed``."""
         wanted = self._check_output_names(output_names)
-        feeds = self._check_feeds(input_feed)
-        if not self._host_blas:
-            return self._plan.execute(feeds, wanted, self._profiler)
-        with self._parallel.run_limits():
-            return self._plan.execute(feeds, wanted, self._profiler)
+        on_device: set[str] = set()
+        feeds = self._check_feeds(input_feed, on_device)
+        if run_options is not None or on_device:
+            results = self._execute(feeds, wanted, run_options, on_device)
+        elif not self._host_blas:
+            results = self._plan.execute(feeds, wanted, self._profiler)
+        else:
+            with self._parallel.run_limits():
+                results = self._plan.execute(feeds, wanted, self._profiler)
+        if self._fed_outputs:
+            self._copy_fed_outputs(wanted, results, input_feed)
+        return results
 
+    def run_with_ort_values(
+        self,
+        output_names: Sequence[str] | None,
+        input_dict_ort_values: dict[str, OrtValue],
+        run_options: RunOptions | None = None,
+    ) -> list[OrtValue]:
+        """``run`` with OrtValues in and out; outputs stay on the device computing them."""
+        wanted = self._check_output_names(output_names)
+        kept = frozenset(n for n in wanted if n in self._plan.output_hosts)
+        results = self._run_values(input_dict_ort_values, wanted, kept, run_options)
+        return [
+            self.output_value(name, value, name in kept) for name, value in zip(wanted, results)
+        ]
+
+    def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: dict[str, Any],
+        callback: Callable[[list[Any], Any, str], None],
+        user_data: Any,
+        run_options: RunOptions | None = None,
+    ) -> None:
+        """Run in a thread of its own, then call ``callback(results, user_data, error)``:
+        ``error`` is '' on success, else the message (``results`` then empty). Missing
+        feeds are refused at once, as onnxruntime does."""
+        self._check_required(input_feed)
+
+        def work() -> None:
+            try:
+                results = self.run(output_names, input_feed, run_options)
+            except Exception as exc:  # noqa: BLE001 - handed to the callback, as ORT does
+                callback([], user_data, str(exc))
+                return
+            callback(results, user_data, "")
+
+        threading.Thread(target=work, name="nxrt-run-async", daemon=True).start()
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: RunOptions | None = None):
+        """Run on the values bound to ``iobinding``; its outputs take the results."""
+        if iobinding.session is not self:
+            raise InvalidArgument("IOBinding must be used with the session that created it")
+        iobinding.run(run_options)
+
+    # -- running ------------------------------------------------------------------------------
+    def _execute(
+        self,
+        feeds: dict[str, Any],
+        wanted: list[str],
+        run_options: RunOptions | None,
+        on_device: set[str] | frozenset[str] = frozenset(),
+        kept: frozenset[str] = frozenset(),
+    ) -> list[Any]:
+        """Run a plan fitted to the call: inputs already on their device, outputs kept on
+        theirs, the kernels the fetches need, ``terminate`` watched between kernels."""
+        profiler: Any = self._profiler
+        fetches = None
+        if run_options is not None:
+            if run_options.terminate:
+                raise _terminated()
+            if run_options.only_execute_path_to_fetches:
+                fetches = tuple(wanted)
+            severity = run_options.log_severity_level
+            log = runtime.SessionLog(
+                run_options.logid or self._log.logid,
+                severity if severity >= 0 else self._log.severity,
+            )
+            log.log(1, "running with tag: %s", run_options.logid)
+            profiler = _RunWatch(run_options, profiler)
+        plan = self._plan
+        if on_device or kept or fetches is not None:
+            plan = self._variant(frozenset(on_device), kept, fetches)
+        if not self._host_blas:
+            return plan.execute(feeds, wanted, profiler)
+        with self._parallel.run_limits():
+            return plan.execute(feeds, wanted, profiler)
+
+    def _variant(
+        self, on_device: frozenset[str], kept: frozenset[str], fetches: tuple[str, ...] | None
+    ) -> Plan:
+        """The session's plan without the copies of inputs already on their device, without
+        the host copies of ``kept`` outputs, and (``fetches``) without the kernels those
+        outputs do not need; made once per combination."""
+        key = (on_device, kept, fetches)
+        plan = self._variants.get(key)
+        if plan is not None:
+            return plan
+        with self._variants_lock:
+            plan = self._variants.get(key)
+            if plan is None:
+                plan = self._variants[key] = self._fit_plan(on_device, kept, fetches)
+        return plan
+
+    def _fit_plan(
+        self, on_device: frozenset[str], kept: frozenset[str], fetches: tuple[str, ...] | None
+    ) -> Plan:
+        base = self._plan
+        input_slots = dict(base.input_slots)
+        skipped = set()
+        for name in on_device:
+            _, index = self._device_inputs[name]
+            input_slots[name] = base.steps[index].outputs[0]  # fed where the copy would write
+            skipped.add(index)
+        steps = [copy.copy(s) for i, s in enumerate(base.steps) if i not in skipped]
+        if fetches is not None:
+            needed = {base.output_slots[name] for name in fetches}
+            kept_steps = []
+            for step in reversed(steps):
+                if needed.intersection(step.outputs):
+                    needed.update(step.inputs)
+                    kept_steps.append(step)
+            steps = kept_steps[::-1]
+        hosts = {n: ep for n, ep in base.output_hosts.items() if n not in kept}
+        plan = Plan(base.slot_names, base.constants, input_slots, base.output_slots, steps, hosts)
+        plan.finish()
+        return plan
+
+    def output_value(self, name: str, value: Any, kept: bool) -> OrtValue:
+        """An output as an OrtValue: on its EP's device when ``kept``, else on the host."""
+        if kept:
+            ep = self._plan.output_hosts[name]
+            return OrtValue(value, ep.device_type, ep.config.device_id, ep=ep)
+        return OrtValue(value)
+
+    def output_producer(self, name: str) -> ExecutionProvider | None:
+        """The EP computing output ``name`` when it is not on the host (None: the host)."""
+        return self._plan.output_hosts.get(name)
+
+    def _copy_fed_outputs(
+        self, wanted: list[str], results: list[Any], input_feed: dict[str, Any]
+    ) -> None:
+        """A graph input returned as an output is handed out as a copy (onnxruntime's
+        behaviour), so writing to the result never changes the caller's array."""
+        for index, name in enumerate(wanted):
+            if name in self._fed_outputs:
+                fed = input_feed.get(name)
+                fed = fed.value if isinstance(fed, OrtValue) else fed
+                if results[index] is fed and isinstance(fed, np.ndarray):
+                    results[index] = fed.copy()
+
+    # -- feed checks --------------------------------------------------------------------------
     def _check_output_names(self, output_names: Sequence[str] | None) -> list[str]:
         if not output_names:
             return [o.name for o in self._outputs]
@@ -271,9 +765,20 @@ class InferenceSession:
                 raise InvalidArgument(f"{name!r} is not an output of the model; outputs: {known}")
         return list(output_names)
 
-    def _check_feeds(self, input_feed: dict[str, Any]) -> dict[str, Any]:
+    def _check_required(self, input_feed: dict[str, Any]) -> None:
         if not isinstance(input_feed, dict):
             raise InvalidArgument("input_feed must be a dict of input name -> numpy array")
+        missing = [n for n in self._required_inputs if n not in input_feed]
+        if missing:
+            raise InvalidArgument(
+                f"Required inputs ({missing}) are missing from input feed ({list(input_feed)}). "
+                f"The model's inputs: {self._describe_inputs()}"
+            )
+
+    def _check_feeds(self, input_feed: dict[str, Any], on_device: set[str]) -> dict[str, Any]:
+        """The feeds ``run`` executes with; adds to ``on_device`` the inputs fed as values
+        already on the device of the EP reading them."""
+        self._check_required(input_feed)
         expected = self._expected_inputs
         overridable = self._overridable_names
         unknown = [n for n in input_feed if n not in expected and n not in overridable]
@@ -281,13 +786,15 @@ class InferenceSession:
             raise InvalidArgument(
                 f"unknown input name(s) {unknown}; the model's inputs are {self._describe_inputs()}"
             )
-        missing = [n for n in expected if n not in input_feed]
-        if missing:
-            raise InvalidArgument(
-                f"missing input(s) {missing}; the model's inputs are {self._describe_inputs()}"
-            )
         feeds = {}
         for name, value in input_feed.items():
+            if isinstance(value, OrtValue):
+                device = value.device_name()
+                if device != HOST and self._device_inputs.get(name, ("",))[0] == device:
+                    feeds[name] = value.value
+                    on_device.add(name)
+                    continue
+                value = value.value if device == HOST else value.numpy()
             value_info = self._input_dtypes.get(name)
             kind = type(value_info.type).__name__ if value_info is not None else "TensorType"
             if kind == "OptionalType" and value is not None:
@@ -303,36 +810,100 @@ class InferenceSession:
             if kind == "OptionalType" and value is None:
                 feeds[name] = None
                 continue
-            array = value if isinstance(value, np.ndarray) else _host_array(value)
+            if isinstance(value, np.ndarray):
+                array = value
+            elif isinstance(value, (list, tuple)) and value_info is not None:
+                array = np.array(value, dtype=self._dtype_of(value_info))  # to the input's type
+            else:
+                array = _host_array(value)
             if name in expected and kind == "TensorType":
-                self._check_feed(expected[name], array)
+                array = self._check_feed(expected[name], array)
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             feeds[name] = array
         return feeds
 
-    def _check_feed(self, arg: NodeArg, array: np.ndarray) -> None:
+    @staticmethod
+    def _dtype_of(value: ir.Value) -> np.dtype | None:
+        dtype = value.dtype
+        return numpy_dtype(int(dtype)) if dtype is not None else None
+
+    def _check_feed(self, arg: NodeArg, array: np.ndarray) -> np.ndarray:
+        """``array`` checked against the input's type and shape (bytes and ``np.void``
+        strings decoded to the str objects string inputs take)."""
         value = self._input_dtypes[arg.name]
         if value.dtype is not None:
             want = numpy_dtype(int(value.dtype))
-            if array.dtype != want and not (want.kind in "OSU" and array.dtype.kind in "OSU"):
-                raise InvalidArgument(
-                    f"input {arg.name!r} has dtype {array.dtype}, expected {want} ({arg.type}); "
-                    f"convert it with .astype(np.{want.name})"
-                )
+            if array.dtype != want:
+                if want.kind == "O" and array.dtype.kind in "OSUV":
+                    if array.dtype.kind in "SV":
+                        array = _decoded(array)
+                else:
+                    hint = f"np.{want.name}" if hasattr(np, want.name) else f"{str(want)!r}"
+                    if want.kind == "O":
+                        hint = "str"
+                    raise InvalidArgument(
+                        f"input {arg.name!r} has dtype {array.dtype}, expected {want} "
+                        f"({arg.type}); convert it with .astype({hint})"
+                    )
         if value.shape is None:
-            return
+            return array
         if array.ndim != len(arg.shape):
             raise InvalidArgument(
                 f"input {arg.name!r} has rank {array.ndim} (shape {list(array.shape)}), "
                 f"expected rank {len(arg.shape)} (shape {arg.shape})"
             )
-        for axis, (got, want) in enumerate(zip(array.shape, arg.shape)):
-            if isinstance(want, int) and got != want:
+        for axis, (got, want_dim) in enumerate(zip(array.shape, arg.shape)):
+            if isinstance(want_dim, int) and got != want_dim:
                 raise InvalidArgument(
                     f"input {arg.name!r} has dim {got} on axis {axis} (shape "
-                    f"{list(array.shape)}), expected {want} (shape {arg.shape})"
+                    f"{list(array.shape)}), expected {want_dim} (shape {arg.shape})"
                 )
+        return array
 
     def _describe_inputs(self) -> str:
         return ", ".join(f"{a.name}: {a.type} {a.shape}" for a in self._inputs)
+
+    def check_input_name(self, name: str) -> None:
+        """Refuse a binding to a name the model does not take (as onnxruntime does)."""
+        if name not in self._expected_inputs and name not in self._overridable_names:
+            raise RuntimeFailure(
+                f"{name!r} is not an input of the model; inputs: {self._describe_inputs()}"
+            )
+
+    def check_output_name(self, name: str) -> None:
+        """Refuse a binding to a name the model does not return (as onnxruntime does)."""
+        if name not in {o.name for o in self._outputs}:
+            known = [o.name for o in self._outputs]
+            raise RuntimeFailure(f"{name!r} is not an output of the model; outputs: {known}")
+
+    def run_bound(
+        self,
+        inputs: dict[str, OrtValue],
+        outputs: Sequence[str],
+        kept: frozenset[str],
+        run_options: RunOptions | None,
+    ) -> list[Any]:
+        """The results of ``outputs`` computed from OrtValue ``inputs`` (IOBinding's run);
+        ``kept`` outputs stay on the device computing them. Failures are raised as
+        onnxruntime raises them here (``RuntimeError``), the nxrt error as their cause."""
+        try:
+            return self._run_values(inputs, list(outputs), kept, run_options)
+        except NxrtError as exc:
+            if isinstance(exc, RuntimeError):
+                raise
+            raise RuntimeFailure(f"error in execution: {exc}") from exc
+
+    def _run_values(
+        self,
+        inputs: dict[str, Any],
+        wanted: list[str],
+        kept: frozenset[str],
+        run_options: RunOptions | None,
+    ) -> list[Any]:
+        on_device: set[str] = set()
+        feeds = self._check_feeds(inputs, on_device)
+        results = self._execute(feeds, wanted, run_options, on_device, kept)
+        if self._fed_outputs:
+            self._copy_fed_outputs(wanted, results, inputs)
+        return results

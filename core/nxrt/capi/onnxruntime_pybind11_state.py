@@ -1,0 +1,100 @@
+"""What code written for onnxruntime imports from ``onnxruntime.capi.onnxruntime_pybind11_state``.
+
+Its exception classes (``Fail``, ``InvalidArgument``, ``NoSuchFile``...), which
+nxrt's own errors derive from (:mod:`nxrt.errors`), and the classes and
+functions onnxruntime also exposes there, each the same object as in ``nxrt``.
+"""
+
+from __future__ import annotations
+
+from nxrt.capi.status import (
+    DeviceReset,
+    EngineError,
+    EPFail,
+    Fail,
+    InvalidArgument,
+    InvalidGraph,
+    InvalidProtobuf,
+    ModelLoadCanceled,
+    ModelLoaded,
+    ModelRequiresCompilation,
+    NoModel,
+    NoSuchFile,
+    NotFound,
+    NotImplemented,
+    RuntimeException,
+)
+from nxrt.iobinding import IOBinding as SessionIOBinding
+from nxrt.ortvalue import OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue
+from nxrt.runtime import (
+    disable_telemetry_events,
+    enable_telemetry_events,
+    get_all_providers,
+    get_build_info,
+    get_device,
+    get_version_string,
+    set_default_logger_callback,
+    set_default_logger_severity,
+    set_default_logger_verbosity,
+)
+from nxrt.session import (
+    ExecutionMode,
+    ExecutionOrder,
+    GraphOptimizationLevel,
+    InferenceSession,
+    ModelMetadata,
+    NodeArg,
+    OrtExecutionProviderDevicePolicy,
+    RunOptions,
+    SessionOptions,
+)
+
+
+def get_available_providers() -> list[str]:
+    """The installed EPs by their public names (see :func:`nxrt.get_available_providers`)."""
+    from nxrt import get_available_providers as available
+
+    return available()
+
+
+__all__ = [
+    "DeviceReset",
+    "EPFail",
+    "EngineError",
+    "ExecutionMode",
+    "ExecutionOrder",
+    "Fail",
+    "GraphOptimizationLevel",
+    "InferenceSession",
+    "InvalidArgument",
+    "InvalidGraph",
+    "InvalidProtobuf",
+    "ModelLoadCanceled",
+    "ModelLoaded",
+    "ModelMetadata",
+    "ModelRequiresCompilation",
+    "NoModel",
+    "NoSuchFile",
+    "NodeArg",
+    "NotFound",
+    "NotImplemented",
+    "OrtAllocatorType",
+    "OrtExecutionProviderDevicePolicy",
+    "OrtMemType",
+    "OrtMemoryInfo",
+    "OrtValue",
+    "RunOptions",
+    "RuntimeException",
+    "SessionIOBinding",
+    "SessionOptions",
+    "disable_telemetry_events",
+    "enable_telemetry_events",
+    "get_all_providers",
+    "get_available_providers",
+    "get_build_info",
+    "get_device",
+    "get_version_string",
+    "set_default_logger_callback",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
+]
