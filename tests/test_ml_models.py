@@ -685,3 +685,25 @@ def test_every_node_no_ep_can_run_is_named_at_once() -> None:
     assert "3 nodes no EP can run" in message
     assert "com.example::Frobnicate(1), com.example::Twiddle(1)" in message
     assert "'second' com.example::Twiddle at opset 1: cpu: Twiddle is not implemented" in message
+
+
+@pytest.mark.parametrize(
+    "name", ["column_transformer_imputer_scaler", "one_hot_encoder", "voting_soft"]
+)
+def test_values_shape_inference_leaves_untyped_get_their_schema_types(name: str) -> None:
+    """Scaler, Imputer, Normalizer and the tree ensembles have no ONNX inference function;
+    their outputs (and what follows them, such as ColumnTransformer's Concat) are typed
+    from the schemas, so an EP compiling claims can check what enters them."""
+    from nxrt.model import load_model
+
+    model, _ = load_model(converted(name, True))
+    untyped = [v.name for node in model.graph for v in node.outputs if v.name and v.type is None]
+    assert not untyped
+    _, x = trained(name)
+    session, reference, got, want = run_both(converted(name, True), {"X": x})
+    legacy = nxrt.InferenceSession(converted(name, True), providers=["legacy_abi", "cpu"])
+    for arg, g, w in zip(reference.get_outputs(), legacy.run(None, {"X": x}), want):
+        assert_same(g, w, arg.name)
+    placement = {p.op_type: p.ep for p in legacy.get_partition().nodes}
+    if CASES[name].classifier:
+        assert placement["ZipMap"] == "cpu"  # a map cannot cross a claim's boundary

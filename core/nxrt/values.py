@@ -1,4 +1,4 @@
-"""Map values (``ai.onnx.ml``'s dictionaries): their types and their feeds.
+"""Value types nxrt keeps in its own layer: maps, and types shape inference leaves out.
 
 onnx_ir cannot represent ``map(K, V)`` types (its reader raises "Map types
 are not supported yet"), yet every classifier skl2onnx converts with default
@@ -8,11 +8,20 @@ own layer: :func:`hide_map_types` takes them out of the protobuf before
 onnx_ir reads it, and :func:`restore_map_types` puts a :class:`MapType` on
 the values afterwards. At run time a map is a ``dict`` and a sequence of maps
 a ``list`` of dicts, as ONNX Runtime takes and returns them.
+
+Shape inference also leaves values untyped: most ``ai.onnx.ml`` schemas
+(Scaler, Normalizer, Imputer, the tree ensembles, LinearRegressor ...) have no
+inference function, and everything downstream of them stays untyped too. An
+EP that compiles claims must know the type of every value entering a claim,
+so :func:`complete_types` gives such outputs the type their op's schema
+implies (a fixed type, the type of an input sharing the type variable, or,
+for a classifier's labels, the kind of class labels it has) and runs
+inference again, until nothing changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -218,13 +227,137 @@ def _name(dtype: ir.DataType) -> str:
     return onnx.TensorProto.DataType.Name(int(dtype)).lower()
 
 
+# -- types shape inference leaves out ------------------------------------------------------------
+#: Classifiers whose first output (labels) is tensor(string) with ``classlabels_strings``,
+#: else tensor(int64).
+_LABELED = {"LinearClassifier", "SVMClassifier", "TreeEnsembleClassifier"}
+
+
+def complete_types(
+    model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto], rounds: int = 8
+) -> onnx.ModelProto:
+    """``infer(model)``, then types for the main graph's untyped node outputs from their
+    schemas, then ``infer`` again, while that types anything new."""
+    inferred = infer(model)
+    for _ in range(rounds):
+        if not _type_from_schemas(inferred):
+            break
+        inferred = infer(inferred)
+    return inferred
+
+
+def _type_from_schemas(model: onnx.ModelProto) -> int:
+    """Add a ``value_info`` (type only) for each node output the schema types; the count."""
+    graph = model.graph
+    known: dict[str, onnx.TypeProto] = {}
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        if info.type.WhichOneof("value"):
+            known[info.name] = info.type
+    for tensor in graph.initializer:
+        known.setdefault(tensor.name, onnx.helper.make_tensor_type_proto(tensor.data_type, None))
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    added = 0
+    for node in graph.node:
+        missing = [i for i, name in enumerate(node.output) if name and name not in known]
+        if not missing:
+            continue
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
+        except onnx.defs.SchemaError:
+            continue
+        for index in missing:
+            found = _output_type(schema, node, index, known)
+            if found is None:
+                continue
+            info = graph.value_info.add()
+            info.name = node.output[index]
+            info.type.CopyFrom(found)
+            known[info.name] = info.type
+            added += 1
+    return added
+
+
+def _output_type(
+    schema: onnx.defs.OpSchema, node: onnx.NodeProto, index: int, known: dict[str, onnx.TypeProto]
+) -> onnx.TypeProto | None:
+    formals = list(schema.outputs)
+    if index < len(formals):
+        formal = formals[index]
+    elif formals and formals[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        formal = formals[-1]
+    else:
+        return None
+    type_str = formal.type_str
+    if "(" in type_str:
+        return parse_type(type_str)
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+    if len(allowed.get(type_str, [])) == 1:
+        return parse_type(allowed[type_str][0])
+    for position, formal_in in enumerate(schema.inputs):
+        if formal_in.type_str != type_str:
+            continue
+        names = (
+            node.input[position:]
+            if formal_in.option.name == "Variadic"
+            else node.input[position : position + 1]
+        )
+        for name in names:
+            if name in known:
+                found = onnx.TypeProto()
+                found.CopyFrom(known[name])
+                if found.HasField("tensor_type"):
+                    found.tensor_type.ClearField("shape")
+                return found
+    if node.op_type in _LABELED and index == 0:
+        strings = any(a.name == "classlabels_strings" and a.strings for a in node.attribute)
+        return parse_type("tensor(string)" if strings else "tensor(int64)")
+    return None
+
+
+def parse_type(text: str) -> onnx.TypeProto:
+    """A TypeProto from a schema's type string, e.g. ``seq(map(int64, tensor(float)))``."""
+    text = text.strip()
+    proto = onnx.TypeProto()
+    head, _, rest = text.partition("(")
+    inner = rest[:-1] if rest.endswith(")") else rest
+    if head == "tensor":
+        proto.tensor_type.elem_type = _elem_type(inner)
+    elif head == "seq":
+        proto.sequence_type.elem_type.CopyFrom(parse_type(inner))
+    elif head == "optional":
+        proto.optional_type.elem_type.CopyFrom(parse_type(inner))
+    elif head == "map":
+        depth, cut = 0, -1
+        for i, char in enumerate(inner):
+            depth += char == "("
+            depth -= char == ")"
+            if char == "," and depth == 0:
+                cut = i
+                break
+        key, value = inner[:cut].strip(), inner[cut + 1 :].strip()
+        proto.map_type.key_type = _elem_type(key)
+        proto.map_type.value_type.CopyFrom(
+            parse_type(value if "(" in value else f"tensor({value})")
+        )
+    else:
+        raise InvalidModel(f"nxrt cannot read the type {text!r}")
+    return proto
+
+
+def _elem_type(name: str) -> int:
+    return int(onnx.TensorProto.DataType.Value(name.strip().upper()))
+
+
 __all__ = [
     "HiddenTypes",
     "MapType",
+    "complete_types",
     "has_map",
     "hide_map_types",
     "ir_type",
     "is_map_type",
     "map_feed",
+    "parse_type",
     "restore_map_types",
 ]

@@ -280,12 +280,19 @@ UNEXCHANGEABLE_TYPES = frozenset(
 )
 
 
+def unexchangeable(kind: str | None) -> bool:
+    """Whether a value of this type cannot cross a claim's boundary: a packed sub-byte
+    tensor, or a map (nxrt's own type, which a claim's standalone model cannot declare)."""
+    return kind is not None and (kind in UNEXCHANGEABLE_TYPES or "map(" in kind)
+
+
 def boundary_refusals(nodes: Sequence[ir.Node]) -> dict[int, str]:
     """Nodes of a group (by id) whose values cannot cross the claim's boundary, and why.
 
     ORT needs a type for every graph input of the standalone model, and its
-    Python API cannot exchange packed sub-byte tensors; such nodes are left to
-    other EPs and the group is formed again without them.
+    Python API cannot exchange packed sub-byte tensors, nor can a claim's model
+    declare a map; such nodes are left to other EPs and the group is formed
+    again without them.
     """
     inside = {id(n) for n in nodes}
     refusals: dict[int, str] = {}
@@ -301,14 +308,14 @@ def boundary_refusals(nodes: Sequence[ir.Node]) -> dict[int, str]:
                 refusals[id(node)] = (
                     f"reads {value.name!r}, of unknown type, from outside its claim"
                 )
-            elif kind in UNEXCHANGEABLE_TYPES:
+            elif unexchangeable(kind):
                 refusals[id(node)] = f"reads {value.name!r} ({kind}) across the claim's boundary"
         for value in captured_values(node) if node.attributes else ():
             producer = value.producer()
             if value.const_value is None and (producer is None or id(producer) not in inside):
                 refusals[id(node)] = f"a subgraph reads {value.name!r}, made outside its claim"
         for value in node.outputs:
-            if _type_of(value) not in UNEXCHANGEABLE_TYPES:
+            if not unexchangeable(_type_of(value)):
                 continue
             leaves = value.is_graph_output() or any(id(u) not in inside for u, _ in value.uses())
             if leaves:
