@@ -101,7 +101,6 @@ class IOBinding:
     ) -> None:
         """Bind an output to a device (results stay there), or to the preallocated host
         buffer at ``buffer_ptr`` (results are written into it)."""
-        self.session.check_output_name(name)
         if buffer_ptr is None:
             self._outputs[name] = _Output(device_type.lower())
             return
@@ -114,7 +113,6 @@ class IOBinding:
 
     def bind_ortvalue_output(self, name: str, ortvalue: OrtValue) -> None:
         """Bind an output to ``ortvalue``, which each run's result is written into."""
-        self.session.check_output_name(name)
         self._outputs[name] = _Output(ortvalue.device_name(), ortvalue)
 
     def synchronize_outputs(self) -> None:
@@ -147,6 +145,12 @@ class IOBinding:
             raise RuntimeFailure("bind at least one output before running (bind_output)")
         session = self.session
         names = list(self._outputs)
+        unknown = [name for name in names if name not in session.output_names]
+        if unknown:
+            raise RuntimeFailure(
+                f"error in execution: bound output(s) {unknown} are not outputs of the model; "
+                f"outputs: {session.output_names}"
+            )
         kept = frozenset(
             name
             for name, output in self._outputs.items()

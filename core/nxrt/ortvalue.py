@@ -108,9 +108,14 @@ def onnx_element_type(dtype: np.dtype) -> int:
     """The ONNX element type number of a numpy dtype (strings of every kind: STRING)."""
     import onnx_ir as ir
 
-    if dtype.kind in "OSUV":
+    if dtype.kind in "OSU":
         return onnx.TensorProto.STRING
-    return int(ir.DataType.from_numpy(dtype))
+    try:
+        return int(ir.DataType.from_numpy(dtype))  # ml_dtypes' (bfloat16...) are kind V too
+    except TypeError:
+        if dtype.kind == "V":
+            return onnx.TensorProto.STRING
+        raise
 
 
 _device_eps: dict[str, ExecutionProvider] = {}

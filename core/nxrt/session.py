@@ -839,9 +839,10 @@ class InferenceSession:
                     if array.dtype.kind in "SV":
                         array = _decoded(array)
                 else:
-                    hint = f"np.{want.name}" if hasattr(np, want.name) else f"{str(want)!r}"
                     if want.kind == "O":
                         hint = "str"
+                    else:
+                        hint = f"np.{want.name}" if hasattr(np, want.name) else repr(str(want))
                     raise InvalidArgument(
                         f"input {arg.name!r} has dtype {array.dtype}, expected {want} "
                         f"({arg.type}); convert it with .astype({hint})"
@@ -871,11 +872,9 @@ class InferenceSession:
                 f"{name!r} is not an input of the model; inputs: {self._describe_inputs()}"
             )
 
-    def check_output_name(self, name: str) -> None:
-        """Refuse a binding to a name the model does not return (as onnxruntime does)."""
-        if name not in {o.name for o in self._outputs}:
-            known = [o.name for o in self._outputs]
-            raise RuntimeFailure(f"{name!r} is not an output of the model; outputs: {known}")
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self._outputs]
 
     def run_bound(
         self,
