@@ -837,3 +837,18 @@ def test_no_memory_on_a_device_no_installed_ep_has(rt):
         warnings.simplefilter("ignore")
         with pytest.raises(RuntimeError):
             rt.OrtValue.ortvalue_from_shape_and_type([2], np.float32, "cuda")
+
+
+def test_nxrt_copy_tensors_copies_into_the_targets_memory():
+    # onnxruntime 1.32 copies only between plugin-EP devices (host to host has no transfer)
+    target = np.zeros((2, 2), np.float32)
+    source = nxrt.OrtValue.ortvalue_from_numpy(X)
+    nxrt.copy_tensors([source], [nxrt.OrtValue.ortvalue_from_numpy(target)], None)
+    np.testing.assert_array_equal(target, X)
+
+
+def test_what_a_cpu_build_reports_it_lacks(rt):
+    assert rt.has_collective_ops() is False
+    assert session(rt).get_tuning_results() == []
+    defaults = capi(rt).get_default_session_options()
+    assert defaults.graph_optimization_level == rt.GraphOptimizationLevel.ORT_ENABLE_ALL

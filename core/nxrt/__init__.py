@@ -41,6 +41,8 @@ _LAZY = {
     "get_build_info": "nxrt.runtime",
     "get_device": "nxrt.runtime",
     "get_version_string": "nxrt.runtime",
+    "has_collective_ops": "nxrt.runtime",
+    "copy_tensors": "nxrt.ortvalue",
     "set_default_logger_callback": "nxrt.runtime",
     "set_default_logger_severity": "nxrt.runtime",
     "set_default_logger_verbosity": "nxrt.runtime",
@@ -63,7 +65,7 @@ if TYPE_CHECKING:
     from nxrt.host import NxrtPluginManager, get_plugin_manager
     from nxrt.iobinding import IOBinding
     from nxrt.kernel import Cost, Kernel, KernelMatch, SubgraphClaim
-    from nxrt.ortvalue import OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue
+    from nxrt.ortvalue import OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue, copy_tensors
     from nxrt.provider import EpConfig, ExecutionProvider
     from nxrt.registry import EpRegistry, OpKey, OpRegistry
     from nxrt.runtime import (
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
         get_build_info,
         get_device,
         get_version_string,
+        has_collective_ops,
         set_default_logger_callback,
         set_default_logger_severity,
         set_default_logger_verbosity,
@@ -151,6 +154,7 @@ __all__ = [
     "RunOptions",
     "SessionOptions",
     "SubgraphClaim",
+    "copy_tensors",
     "default_plugin_manager",
     "disable_telemetry_events",
     "enable_telemetry_events",
@@ -160,6 +164,7 @@ __all__ = [
     "get_device",
     "get_plugin_manager",
     "get_version_string",
+    "has_collective_ops",
     "hookimpl",
     "package_name",
     "set_default_logger_callback",

@@ -360,9 +360,19 @@ class OrtValue:
         return f"OrtValue({self.data_type()})"
 
 
+def copy_tensors(src: Sequence[OrtValue], dst: Sequence[OrtValue], stream: Any = None) -> None:
+    """Copy each of ``src`` into the memory of the ``dst`` at the same place (sizes must
+    match); a device EP's values go through its copies."""
+    if len(src) != len(dst):
+        raise InvalidArgument(f"copy_tensors got {len(src)} sources for {len(dst)} targets")
+    for source, target in zip(src, dst):
+        target.update_inplace(source)
+
+
 __all__ = [
     "OrtAllocatorType",
     "OrtMemType",
     "OrtMemoryInfo",
     "OrtValue",
+    "copy_tensors",
 ]

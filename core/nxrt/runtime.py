@@ -233,6 +233,11 @@ class SessionLog:
 
 
 # -- what onnxruntime's build has and nxrt has not ----------------------------------------------
+def has_collective_ops() -> bool:
+    """nxrt has no collective (multi-device communication) ops, as onnxruntime's usual builds."""
+    return False
+
+
 def disable_telemetry_events() -> None:
     """nxrt sends no telemetry (as onnxruntime on Linux and macOS): nothing to disable."""
 
@@ -252,6 +257,7 @@ __all__ = [
     "get_build_info",
     "get_device",
     "get_version_string",
+    "has_collective_ops",
     "public_name",
     "set_default_logger_callback",
     "set_default_logger_severity",

@@ -559,6 +559,11 @@ class InferenceSession:
     def _host_memory() -> OrtMemoryInfo:
         return OrtMemoryInfo("Cpu", OrtAllocatorType.ORT_DEVICE_ALLOCATOR, 0, OrtMemType.DEFAULT)
 
+    def get_tuning_results(self) -> list[dict[str, Any]]:
+        """No nxrt kernel is tuned at run time (onnxruntime's TunableOp is for ROCm and CUDA):
+        the results are always empty, as onnxruntime's on the CPU."""
+        return []
+
     def get_partition(self) -> PartitionReport:
         """Which EP runs each node, the partitions, the copies, and every refusal."""
         return self._report

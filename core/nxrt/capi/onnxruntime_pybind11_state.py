@@ -25,7 +25,7 @@ from nxrt.capi.status import (
     RuntimeException,
 )
 from nxrt.iobinding import IOBinding as SessionIOBinding
-from nxrt.ortvalue import OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue
+from nxrt.ortvalue import OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue, copy_tensors
 from nxrt.runtime import (
     disable_telemetry_events,
     enable_telemetry_events,
@@ -33,6 +33,7 @@ from nxrt.runtime import (
     get_build_info,
     get_device,
     get_version_string,
+    has_collective_ops,
     set_default_logger_callback,
     set_default_logger_severity,
     set_default_logger_verbosity,
@@ -48,6 +49,11 @@ from nxrt.session import (
     RunOptions,
     SessionOptions,
 )
+
+
+def get_default_session_options() -> SessionOptions:
+    """A session's options when none are given."""
+    return SessionOptions()
 
 
 def get_available_providers() -> list[str]:
@@ -87,13 +93,16 @@ __all__ = [
     "RuntimeException",
     "SessionIOBinding",
     "SessionOptions",
+    "copy_tensors",
     "disable_telemetry_events",
     "enable_telemetry_events",
     "get_all_providers",
     "get_available_providers",
     "get_build_info",
+    "get_default_session_options",
     "get_device",
     "get_version_string",
+    "has_collective_ops",
     "set_default_logger_callback",
     "set_default_logger_severity",
     "set_default_logger_verbosity",
