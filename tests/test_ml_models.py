@@ -707,3 +707,175 @@ def test_values_shape_inference_leaves_untyped_get_their_schema_types(name: str)
     placement = {p.op_type: p.ep for p in legacy.get_partition().nodes}
     if CASES[name].classifier:
         assert placement["ZipMap"] == "cpu"  # a map cannot cross a claim's boundary
+
+
+# -- single ops against ONNX Runtime, on ensembles no converter writes ---------------------------
+def random_trees(rng: np.random.Generator, trees: int, features: int, modes: list[str]):
+    """Node attributes of ``trees`` random binary trees (depth <= 4) and their leaves."""
+    attrs: dict[str, list] = {
+        k: []
+        for k in (
+            "nodes_treeids nodes_nodeids nodes_featureids nodes_values nodes_modes "
+            "nodes_truenodeids nodes_falsenodeids nodes_missing_value_tracks_true".split()
+        )
+    }
+    leaves = []
+    for tree_id in range(trees):
+        count = 0
+
+        def grow(depth: int, tree_id: int = tree_id) -> int:
+            nonlocal count
+            node = count
+            count += 1
+            row = {"nodes_treeids": tree_id, "nodes_nodeids": node}
+            if depth >= 4 or (depth > 0 and rng.random() < 0.3):
+                row.update(nodes_featureids=0, nodes_values=0.0, nodes_modes="LEAF")
+                row.update(nodes_truenodeids=0, nodes_falsenodeids=0)
+                row["nodes_missing_value_tracks_true"] = 0
+                for key, value in row.items():
+                    attrs[key].append(value)
+                leaves.append((tree_id, node))
+                return node
+            index = len(attrs["nodes_treeids"])
+            for key in attrs:
+                attrs[key].append(None)
+            true, false = grow(depth + 1, tree_id), grow(depth + 1, tree_id)
+            row.update(
+                nodes_featureids=int(rng.integers(features)),
+                nodes_values=float(np.float32(rng.normal())),
+                nodes_modes=str(rng.choice(modes)),
+                nodes_truenodeids=true,
+                nodes_falsenodeids=false,
+                nodes_missing_value_tracks_true=int(rng.random() < 0.5),
+            )
+            for key, value in row.items():
+                attrs[key][index] = value
+            return node
+
+        grow(0)
+    return attrs, leaves
+
+
+def single_node_model(op: str, attrs: dict[str, Any], outputs: list[tuple[str, int]], opset: int):
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(op, ["X"], [name for name, _ in outputs], domain="ai.onnx.ml", **attrs)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, None])],
+        [helper.make_tensor_value_info(name, kind, None) for name, kind in outputs],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", opset)]
+    )
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+ENSEMBLE_SEEDS = range(12)
+
+
+@pytest.mark.parametrize("seed", ENSEMBLE_SEEDS)
+def test_random_tree_classifiers_match_onnxruntime(seed: int) -> None:
+    """Binary and multiclass, one or both classes weighted, signed or positive weights,
+    0-2 base values, each transform, every branch mode, NaN and missing-value tracking."""
+    from onnx import TensorProto
+
+    rng = np.random.default_rng(seed)
+    classes = [2, 2, 3, 4][seed % 4]
+    modes = (
+        ["BRANCH_LEQ"]
+        if seed % 3 == 0
+        else list(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"])
+    )
+    attrs, leaves = random_trees(rng, int(rng.integers(1, 8)), 5, modes)
+    one_class = classes == 2 and seed % 2 == 0
+    class_ids, class_nodes, class_trees, weights = [], [], [], []
+    for tree_id, node in leaves:
+        for c in [1] if one_class else range(classes):
+            class_trees.append(tree_id)
+            class_nodes.append(node)
+            class_ids.append(c)
+            w = rng.random() if seed % 5 else rng.normal()
+            weights.append(float(np.float32(w)))
+    attrs.update(
+        class_ids=class_ids,
+        class_nodeids=class_nodes,
+        class_treeids=class_trees,
+        class_weights=weights,
+        classlabels_int64s=list(range(10, 10 + classes)),
+        post_transform=["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"][seed % 4],
+    )
+    bases = seed % 3 if classes == 2 else (seed % 2) * classes
+    if bases:
+        attrs["base_values"] = [float(np.float32(v)) for v in rng.normal(size=bases)]
+    x = rng.normal(size=(40, 5)).astype(np.float32)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    x[::7, 0] = attrs["nodes_values"][0]  # hits the first split exactly (EQ / NEQ / LEQ)
+    outputs = [("Y", TensorProto.INT64), ("Z", TensorProto.FLOAT)]
+    for opset in (1, 3):
+        model = single_node_model("TreeEnsembleClassifier", attrs, outputs, opset)
+        _, _, got, want = run_both(model, {"X": x})
+        assert_same(got[0], want[0], "labels")
+        assert_same(got[1], want[1], "scores")
+
+
+@pytest.mark.parametrize("seed", ENSEMBLE_SEEDS)
+def test_random_tree_regressors_match_onnxruntime(seed: int) -> None:
+    from onnx import TensorProto
+
+    rng = np.random.default_rng(100 + seed)
+    targets = [1, 3][seed % 2]
+    modes = ["BRANCH_LT"] if seed % 3 == 0 else ["BRANCH_LEQ", "BRANCH_GT", "BRANCH_NEQ"]
+    attrs, leaves = random_trees(rng, int(rng.integers(1, 8)), 4, modes)
+    ids, nodes, trees, weights = [], [], [], []
+    for tree_id, node in leaves:
+        for t in range(targets):
+            trees.append(tree_id)
+            nodes.append(node)
+            ids.append(t)
+            weights.append(float(np.float32(rng.normal())))
+    attrs.update(
+        target_ids=ids,
+        target_nodeids=nodes,
+        target_treeids=trees,
+        target_weights=weights,
+        n_targets=targets,
+        aggregate_function=["SUM", "AVERAGE", "MIN", "MAX"][seed % 4],
+        post_transform="NONE" if targets == 1 else ["NONE", "SOFTMAX", "LOGISTIC"][seed % 3],
+    )
+    if seed % 3:
+        attrs["base_values"] = [float(np.float32(v)) for v in rng.normal(size=targets)]
+    x = rng.normal(size=(50, 4)).astype(np.float32)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    for opset in (1, 3):
+        model = single_node_model("TreeEnsembleRegressor", attrs, [("Y", TensorProto.FLOAT)], opset)
+        _, _, got, want = run_both(model, {"X": x})
+        assert_same(got[0], want[0], "scores")
+
+
+def test_compiled_walk_agrees_with_the_numpy_reference() -> None:
+    from nxrt_ep_cpu.ops import ml_tree_walk
+    from nxrt_ep_cpu.ops.ml_trees import RegressorPlan
+
+    rng = np.random.default_rng(7)
+    modes = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
+    attrs, leaves = random_trees(rng, 20, 6, modes)
+    plan = RegressorPlan(
+        **attrs,
+        target_ids=[0] * len(leaves),
+        target_nodeids=[n for _, n in leaves],
+        target_treeids=[t for t, _ in leaves],
+        target_weights=list(rng.normal(size=len(leaves))),
+        n_targets=1,
+    )
+    x = rng.normal(size=(700, 6))
+    x[rng.random(x.shape) < 0.1] = np.nan
+    assert ml_tree_walk._compiled() is not None, "numba is a dependency of nxrt-ep-cpu"
+    compiled = ml_tree_walk.leaf_scores(plan.forest, x, extremes=True)
+    reference = ml_tree_walk.aggregate_numpy(
+        plan.forest, ml_tree_walk.walk_numpy(plan.forest, x), False
+    )
+    for a, b in zip(compiled, reference):
+        np.testing.assert_array_equal(a, b)

@@ -300,7 +300,10 @@ class EnsemblePlan:
         if x.ndim != 2:
             raise KernelFailed(f"TreeEnsemble: input must be [N, features], not {list(x.shape)}")
         x = self.forest.check_input(x, "TreeEnsemble")
-        total, low, high, seen = leaf_scores(self.forest, x, parallel=self.parallel)
+        extremes = self.aggregate in ("MIN", "MAX")
+        total, low, high, seen = leaf_scores(
+            self.forest, x, parallel=self.parallel, extremes=extremes
+        )
         if self.aggregate == "SUM":
             out = total
         elif self.aggregate == "AVERAGE":

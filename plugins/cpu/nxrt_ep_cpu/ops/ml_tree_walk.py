@@ -37,6 +37,9 @@ MODES = {
     "BRANCH_NEQ": NEQ,
     "LEAF": LEAF,
 }
+#: One node of the compiled walk (see :attr:`Forest.packed`).
+_RECORD32 = np.dtype([("feature", "<i4"), ("threshold", "<f4"), ("yes", "<i4"), ("no", "<i4")])
+_RECORD64 = np.dtype([("feature", "<i4"), ("yes", "<i4"), ("no", "<i4"), ("threshold", "<f8")])
 #: Rows per block of the compiled walk: a block of inputs and scores stays in L1/L2.
 BLOCK = 128
 
@@ -62,6 +65,30 @@ class Forest:
     @property
     def n_trees(self) -> int:
         return len(self.roots)
+
+    @functools.cached_property
+    def packed(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The node table of the compiled walk: one 16-byte record a node (feature,
+        threshold, true child, false child; a leaf has feature -1 and its first weight
+        and weight count as children), each node's mode | missing << 4, and the mode all
+        branches share without missing-value tracking (-1 if none).
+
+        Thresholds are stored as float32 when that loses nothing (converters write
+        float32 ones), otherwise the table is float64 and 24 bytes a node.
+        """
+        leaf = self.mode == LEAF
+        exact = np.array_equal(self.threshold.astype(np.float32).astype(np.float64), self.threshold)
+        table = np.empty(len(self.mode), dtype=_RECORD32 if exact else _RECORD64)
+        table["feature"] = np.where(leaf, -1, self.feature)
+        table["threshold"] = np.where(leaf, 0, self.threshold)
+        table["yes"] = np.where(leaf, self.weight_start, self.true_next)
+        table["no"] = np.where(leaf, self.weight_count, self.false_next)
+        flags = np.where(leaf, 0, self.mode.astype(np.uint8) | (self.missing_true << 4))
+        modes = np.unique(self.mode[~leaf])
+        uniform = -1
+        if len(modes) == 1 and modes[0] in (LEQ, LT) and not self.missing_true[~leaf].any():
+            uniform = int(modes[0])
+        return table, flags.astype(np.uint8), uniform
 
     @functools.cached_property
     def max_feature(self) -> int:
@@ -212,10 +239,16 @@ def check_acyclic(forest: Forest, op: str) -> None:
 
 # -- walking -------------------------------------------------------------------------------------
 def leaf_scores(
-    forest: Forest, x: np.ndarray, *, first_weight_only: bool = False, parallel: Any = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    forest: Forest,
+    x: np.ndarray,
+    *,
+    first_weight_only: bool = False,
+    parallel: Any = None,
+    extremes: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray]:
     """Per row and target: the sum, min and max of the leaf weights reached, and whether
-    any tree gave that target a weight (``[N, T]`` each; float64 and bool).
+    any tree gave that target a weight (``[N, T]`` each; float64 and bool). Min and max
+    are ``None`` unless ``extremes`` is set (only the MIN and MAX aggregates need them).
 
     ``first_weight_only`` counts only each leaf's first weight (single-target
     ensembles, as ONNX Runtime reads them).
@@ -224,34 +257,32 @@ def leaf_scores(
     kernels = _compiled() if forest.members is None else None
     if kernels is None:
         leaves = walk_numpy(forest, values)
-        return aggregate_numpy(forest, leaves, first_weight_only)
+        total, low, high, seen = aggregate_numpy(forest, leaves, first_weight_only)
+        return (total, low, high, seen) if extremes else (total, None, None, seen)
     n, t = len(values), forest.n_targets
     total = np.zeros((n, t))
-    low = np.full((n, t), np.inf)
-    high = np.full((n, t), -np.inf)
     seen = np.zeros((n, t), dtype=np.bool_)
+    low = np.full((n, t), np.inf) if extremes else np.empty((0, t))
+    high = np.full((n, t), -np.inf) if extremes else np.empty((0, t))
+    table, flags, uniform = forest.packed
     (walk,) = kernels
 
     def run(rows: range) -> None:
         s = slice(rows.start, rows.stop)
         walk(
             values[s],
-            forest.feature,
-            forest.threshold,
-            forest.mode,
-            forest.true_next,
-            forest.false_next,
-            forest.missing_true,
+            table,
+            flags,
             forest.roots,
-            forest.weight_start,
-            forest.weight_count,
             forest.weight_target,
             forest.weight_value,
+            uniform,
             first_weight_only,
             total[s],
-            low[s],
-            high[s],
             seen[s],
+            extremes,
+            low[s] if extremes else low,
+            high[s] if extremes else high,
         )
 
     chunks = _chunks(n, parallel)
@@ -260,7 +291,7 @@ def leaf_scores(
     else:
         for chunk in chunks:
             run(chunk)
-    return total, low, high, seen
+    return (total, low, high, seen) if extremes else (total, None, None, seen)
 
 
 def _chunks(n: int, parallel: Any) -> list[range]:
@@ -339,24 +370,24 @@ def aggregate_numpy(
 
 def _walk_rows(
     x,
-    feature,
-    threshold,
-    mode,
-    true_next,
-    false_next,
-    missing,
+    table,
+    flags,
     roots,
-    weight_start,
-    weight_count,
     weight_target,
     weight_value,
+    uniform,
     first_only,
     total,
+    seen,
+    extremes,
     low,
     high,
-    seen,
 ):  # pragma: no cover - compiled by numba
-    """The compiled walk: blocks of rows, each block through one tree at a time."""
+    """The compiled walk: blocks of rows, each block through one tree at a time.
+
+    ``table`` and ``flags`` are :attr:`Forest.packed`'s; with a ``uniform``
+    mode the common case compares without a switch.
+    """
     n = x.shape[0]
     for block in range(0, n, 128):
         stop = min(n, block + 128)
@@ -364,38 +395,47 @@ def _walk_rows(
             root = roots[t]
             for i in range(block, stop):
                 node = root
-                while mode[node] != 7:
-                    v = x[i, feature[node]]
-                    m = mode[node]
-                    thr = threshold[node]
-                    if m == 0:
+                while True:
+                    rec = table[node]
+                    if rec.feature < 0:
+                        break
+                    v = x[i, rec.feature]
+                    thr = rec.threshold
+                    if uniform == 0:
                         go = v <= thr
-                    elif m == 1:
+                    elif uniform == 1:
                         go = v < thr
-                    elif m == 2:
-                        go = v >= thr
-                    elif m == 3:
-                        go = v > thr
-                    elif m == 4:
-                        go = v == thr
                     else:
-                        go = v != thr
-                    if not go and missing[node] and v != v:
-                        go = True
-                    node = true_next[node] if go else false_next[node]
-                count = weight_count[node]
+                        m = flags[node] & 15
+                        if m == 0:
+                            go = v <= thr
+                        elif m == 1:
+                            go = v < thr
+                        elif m == 2:
+                            go = v >= thr
+                        elif m == 3:
+                            go = v > thr
+                        elif m == 4:
+                            go = v == thr
+                        else:
+                            go = v != thr
+                        if not go and flags[node] >= 16 and v != v:
+                            go = True
+                    node = rec.yes if go else rec.no
+                start = table[node].yes
+                count = table[node].no
                 if first_only and count > 1:
                     count = 1
-                start = weight_start[node]
                 for k in range(start, start + count):
                     c = weight_target[k]
                     w = weight_value[k]
                     total[i, c] += w
-                    if w < low[i, c]:
-                        low[i, c] = w
-                    if w > high[i, c]:
-                        high[i, c] = w
                     seen[i, c] = True
+                    if extremes:
+                        if w < low[i, c]:
+                            low[i, c] = w
+                        if w > high[i, c]:
+                            high[i, c] = w
 
 
 @functools.cache

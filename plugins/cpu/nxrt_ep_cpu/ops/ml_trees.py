@@ -116,7 +116,11 @@ class RegressorPlan:
         x = self.forest.check_input(x, "TreeEnsembleRegressor")
         single = self.n_targets == 1
         total, low, high, seen = leaf_scores(
-            self.forest, x, first_weight_only=single, parallel=self.parallel
+            self.forest,
+            x,
+            first_weight_only=single,
+            parallel=self.parallel,
+            extremes=self.aggregate in ("MIN", "MAX"),
         )
         use_base = len(self.base) == self.n_targets
         base = self.base if use_base else np.zeros(self.n_targets)
