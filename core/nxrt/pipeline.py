@@ -34,6 +34,11 @@ before it made and returns one dataclass:
 7. :func:`instantiate` -> :class:`~nxrt.executor.Plan` — kernels created and
    claims compiled, buffer slots freed after their last use.
 
+Around the stages, :func:`create` applies what ``SessionOptions`` changes in
+the model (:mod:`nxrt.overrides`): after stage 1, the caller's initializers and
+free-dimension sizes; after stage 7, the optimized model is written when
+``optimized_model_filepath`` asks for it.
+
 ``InferenceSession`` is the ONNX Runtime-shaped shell around the
 :class:`SessionState` that :func:`create` returns; ``nxrt compile`` and the
 CLI use this module, not the session's internals.
