@@ -226,6 +226,13 @@ def test_the_exception_classes_are_where_onnxruntime_puts_them(rt):
     assert capi(rt).RunOptions is rt.RunOptions
 
 
+def test_the_python_classes_are_where_onnxruntime_defines_them(rt):
+    collection = importlib.import_module(f"{rt.__name__}.capi.onnxruntime_inference_collection")
+    for name in ("InferenceSession", "Session", "IOBinding", "OrtValue", "copy_tensors"):
+        assert hasattr(collection, name), name
+    assert collection.OrtValue is rt.OrtValue and collection.IOBinding is rt.IOBinding
+
+
 def test_nxrt_errors_are_caught_as_onnxruntimes():
     state = capi(nxrt)
     assert issubclass(nxrt.errors.InvalidArgument, state.InvalidArgument)
@@ -729,6 +736,30 @@ def test_iobinding_refusals(rt):
         session(rt).run_with_iobinding(binding)  # another session's binding
     with pytest.raises(ValueError):
         binding.bind_output("Y", "cpu", 0, None, None, X.ctypes.data)  # a buffer, no type
+
+
+@pytest.mark.parametrize("ep", ["cpu", "mlx", "openvino", "legacy_abi"])
+def test_nxrt_iobinding_on_every_installed_ep(ep):
+    """Host bindings on each shipped EP: inputs read in place, outputs written into the
+    caller's buffer, run after run."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    sess = nxrt.InferenceSession(model, providers=[ep])
+    assert any(p.ep == ep for p in sess.get_partition().nodes), f"{ep} ran no node"
+    array = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    out = np.zeros((2, 3), np.float32)
+    binding = sess.io_binding()
+    binding.bind_cpu_input("x", array)
+    binding.bind_output("y", "cpu", 0, np.float32, [2, 3], out.ctypes.data)
+    for scale in (1, -2):
+        array[:] = scale * np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+        sess.run_with_iobinding(binding)
+        np.testing.assert_allclose(out, 1 / (1 + np.exp(-np.maximum(array, 0))), rtol=1e-5)
+        assert binding.get_outputs()[0].data_ptr() == out.ctypes.data
 
 
 def test_nxrt_iobinding_keeps_values_on_a_device_ep(nxrt_pm, monkeypatch):
