@@ -199,7 +199,7 @@ def _run_default(args: argparse.Namespace) -> int:
         pixels, labels = data["pixels"], data["labels"]
     session = _make_session(model_bytes, args)
     meta = session.get_modelmeta()
-    print(f"model: embedded {DEFAULT_MODEL} — {meta['doc_string'].splitlines()[0]}")
+    print(f"model: embedded {DEFAULT_MODEL} — {meta.description.splitlines()[0]}")
     _print_placement(session)
     name = session.get_inputs()[0].name
     (probabilities,), times = _time_runs(session, {name: pixels}, args.repeat)
