@@ -360,6 +360,26 @@ def test_a_graph_input_returned_as_an_output_is_a_copy(rt):
     np.testing.assert_array_equal(x, X)
 
 
+def test_views_of_a_feed_are_copies(rt):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    outputs = [
+        helper.make_tensor_value_info("flat", TensorProto.FLOAT, [6]),
+        helper.make_tensor_value_info("same", TensorProto.FLOAT, [2, 3]),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+        helper.make_node("Identity", ["x"], ["same"]),
+    ]
+    shape = numpy_helper.from_array(np.array([6], np.int64), "shape")
+    model = helper.make_model(
+        helper.make_graph(nodes, "views", [x], outputs, [shape]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    fed = np.ones((2, 3), np.float32)
+    for result in session(rt, model).run(None, {"x": fed}):
+        assert not np.shares_memory(result, fed)
+
+
 def test_nested_lists_are_converted_to_the_inputs_type(rt):
     y, echoed = session(rt).run(None, {"X": [[1, 2], [3, 4]]})
     assert y.dtype == np.float32 and echoed.dtype == np.float32

@@ -620,7 +620,7 @@ def installed_requests(
             warnings.warn(
                 f"execution provider {name!r} is not installed; the session runs without it "
                 f"(installed: {', '.join(registry.default_order())})",
-                stacklevel=4,
+                stacklevel=5,  # the caller of InferenceSession() or set_providers()
             )
             continue
         kept.append((name, provider_options))

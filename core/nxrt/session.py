@@ -415,8 +415,8 @@ class InferenceSession:
         self._expected_inputs = {a.name: a for a in self._inputs}
         self._required_inputs = [a.name for a in self._inputs if not a.type.startswith("optional")]
         self._overridable_names = frozenset(a.name for a in self._overridable)
-        # outputs that are graph inputs: run hands out copies of them, never the caller's array
-        self._fed_outputs = frozenset(a.name for a in self._outputs) & set(self._expected_inputs)
+        # outputs that are graph inputs or views of them: run hands out copies of those
+        self._fed_outputs = self._outputs_aliasing_inputs()
         self._device_inputs = self._inputs_read_on_one_device()
         self._variants: dict[tuple[Any, ...], Plan] = {}
         self._variants_lock = threading.Lock()
@@ -751,14 +751,38 @@ class InferenceSession:
     def _copy_fed_outputs(
         self, wanted: list[str], results: list[Any], input_feed: dict[str, Any]
     ) -> None:
-        """A graph input returned as an output is handed out as a copy (onnxruntime's
-        behaviour), so writing to the result never changes the caller's array."""
+        """An output that is a graph input, or a zero-copy view of one, is handed out as a
+        copy (onnxruntime's behaviour), so writing to a result never changes a feed."""
         for index, name in enumerate(wanted):
-            if name in self._fed_outputs:
-                fed = input_feed.get(name)
+            for input_name in self._fed_outputs.get(name, ()):
+                fed = input_feed.get(input_name)
                 fed = fed.value if isinstance(fed, OrtValue) else fed
-                if results[index] is fed and isinstance(fed, np.ndarray):
-                    results[index] = fed.copy()
+                result = results[index]
+                if isinstance(fed, np.ndarray) and isinstance(result, np.ndarray):
+                    if np.may_share_memory(result, fed):
+                        results[index] = result.copy()
+                        break
+
+    def _outputs_aliasing_inputs(self) -> dict[str, frozenset[str]]:
+        """The outputs that may be a graph input or a view of one (through kernels declaring
+        ``view_output``, such as Identity or Reshape), with those inputs."""
+        plan = self._plan
+        aliases = {
+            plan.input_slots[name]: {name}
+            for name in self._expected_inputs
+            if name in plan.input_slots
+        }
+        for step in plan.steps:
+            viewed = step.kernel.view_output
+            if viewed is not None and viewed < len(step.inputs) and step.outputs:
+                source = aliases.get(step.inputs[viewed])
+                if source:
+                    aliases.setdefault(step.outputs[0], set()).update(source)
+        found = {}
+        for name, slot in plan.output_slots.items():
+            if aliases.get(slot):
+                found[name] = frozenset(aliases[slot])
+        return found
 
     # -- feed checks --------------------------------------------------------------------------
     def _check_output_names(self, output_names: Sequence[str] | None) -> list[str]:
