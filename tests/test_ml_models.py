@@ -774,30 +774,33 @@ def single_node_model(op: str, attrs: dict[str, Any], outputs: list[tuple[str, i
 
 
 ENSEMBLE_SEEDS = range(12)
+LAYOUTS = [(2, True), (2, False), (3, False)]  # (classes, only the second class weighted)
+POSTS = ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"]
 
 
-@pytest.mark.parametrize("seed", ENSEMBLE_SEEDS)
-def test_random_tree_classifiers_match_onnxruntime(seed: int) -> None:
+@pytest.mark.parametrize("post", POSTS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["binary_one_class", "binary", "multiclass"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_tree_classifiers_match_onnxruntime(seed: int, layout, post: str) -> None:
     """Binary and multiclass, one or both classes weighted, signed or positive weights,
     0-2 base values, each transform, every branch mode, NaN and missing-value tracking."""
     from onnx import TensorProto
 
-    rng = np.random.default_rng(seed)
-    classes = [2, 2, 3, 4][seed % 4]
+    rng = np.random.default_rng(seed + 10 * POSTS.index(post) + 100 * LAYOUTS.index(layout))
+    classes, one_class = layout
     modes = (
         ["BRANCH_LEQ"]
-        if seed % 3 == 0
+        if seed == 0
         else list(["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"])
     )
     attrs, leaves = random_trees(rng, int(rng.integers(1, 8)), 5, modes)
-    one_class = classes == 2 and seed % 2 == 0
     class_ids, class_nodes, class_trees, weights = [], [], [], []
     for tree_id, node in leaves:
-        for c in [1] if one_class else range(classes):
+        for c in [1 - seed % 2] if one_class else range(classes):
             class_trees.append(tree_id)
             class_nodes.append(node)
             class_ids.append(c)
-            w = rng.random() if seed % 5 else rng.normal()
+            w = rng.random() if seed == 0 else rng.normal()
             weights.append(float(np.float32(w)))
     attrs.update(
         class_ids=class_ids,
@@ -805,9 +808,9 @@ def test_random_tree_classifiers_match_onnxruntime(seed: int) -> None:
         class_treeids=class_trees,
         class_weights=weights,
         classlabels_int64s=list(range(10, 10 + classes)),
-        post_transform=["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"][seed % 4],
+        post_transform=post,
     )
-    bases = seed % 3 if classes == 2 else (seed % 2) * classes
+    bases = int(rng.integers(3)) if classes == 2 else int(rng.integers(2)) * classes
     if bases:
         attrs["base_values"] = [float(np.float32(v)) for v in rng.normal(size=bases)]
     x = rng.normal(size=(40, 5)).astype(np.float32)
@@ -879,3 +882,345 @@ def test_compiled_walk_agrees_with_the_numpy_reference() -> None:
     )
     for a, b in zip(compiled, reference):
         np.testing.assert_array_equal(a, b)
+
+
+def op_model(op: str, inputs, outputs, attrs: dict[str, Any], domain: str = "ai.onnx.ml") -> bytes:
+    """A one-node model; ``inputs`` and ``outputs`` are (name, elem type, shape) triples."""
+    from onnx import helper
+
+    node = helper.make_node(op, [n for n, _, _ in inputs], [n for n, _, _ in outputs], **attrs)
+    node.domain = domain
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    if domain not in ("", "ai.onnx.ml"):
+        opsets.append(helper.make_opsetid(domain, 1))
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _ops_cases() -> list[Any]:
+    from onnx import TensorProto as T
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 4)).astype(np.float32)
+    x[0, 1] = 0.0
+    xi = rng.integers(-2, 5, size=(6, 4)).astype(np.int64)
+    xs = np.array([["a", "b"], ["c", "zz"], ["b", "a"]], dtype=object)
+    f, i64, s = T.FLOAT, T.INT64, T.STRING
+    coef = [float(v) for v in rng.normal(size=12)]
+    kernel = [0.1, 0.0, 2.0]
+    one = [("X", f, None)]
+    scores = [("Y", i64, None), ("Z", f, None)]
+    nan_x = np.where(x > 1, np.nan, x).astype(np.float32)
+    cases = [
+        (
+            "scaler",
+            "Scaler",
+            one,
+            [("Y", f, None)],
+            {"offset": [0.5, 0.0, 1.0, 2.0], "scale": [1.0, 2.0, -1.0, 0.5]},
+            x,
+        ),
+        (
+            "scaler_int",
+            "Scaler",
+            [("X", i64, None)],
+            [("Y", f, None)],
+            {"offset": [1.0, 0.0, 2.0, 3.0], "scale": [0.5, 1.0, 2.0, 4.0]},
+            xi,
+        ),
+        ("normalizer_max", "Normalizer", one, [("Y", f, None)], {"norm": "MAX"}, x),
+        ("normalizer_l1", "Normalizer", one, [("Y", f, None)], {"norm": "L1"}, x),
+        (
+            "normalizer_l2_int",
+            "Normalizer",
+            [("X", i64, None)],
+            [("Y", f, None)],
+            {"norm": "L2"},
+            xi,
+        ),
+        (
+            "imputer_nan",
+            "Imputer",
+            one,
+            [("Y", f, None)],
+            {"imputed_value_floats": [1.0, 2.0, 3.0, 4.0], "replaced_value_float": float("nan")},
+            nan_x,
+        ),
+        (
+            "imputer_int",
+            "Imputer",
+            [("X", i64, None)],
+            [("Y", i64, None)],
+            {"imputed_value_int64s": [9], "replaced_value_int64": 0},
+            xi,
+        ),
+        (
+            "one_hot_int",
+            "OneHotEncoder",
+            [("X", i64, None)],
+            [("Y", f, None)],
+            {"cats_int64s": [0, 1, 3, 4]},
+            xi,
+        ),
+        ("one_hot_float", "OneHotEncoder", one, [("Y", f, None)], {"cats_int64s": [0, 1, -1]}, x),
+        (
+            "one_hot_strings",
+            "OneHotEncoder",
+            [("X", s, None)],
+            [("Y", f, None)],
+            {"cats_strings": ["a", "b", "c"]},
+            xs,
+        ),
+        (
+            "category_to_int",
+            "CategoryMapper",
+            [("X", s, None)],
+            [("Y", i64, None)],
+            {"cats_strings": ["a", "b"], "cats_int64s": [5, 7], "default_int64": -3},
+            xs,
+        ),
+        (
+            "category_to_string",
+            "CategoryMapper",
+            [("X", i64, None)],
+            [("Y", s, None)],
+            {"cats_strings": ["a", "b"], "cats_int64s": [1, 3], "default_string": "?"},
+            xi,
+        ),
+        ("binarizer", "Binarizer", one, [("Y", f, None)], {"threshold": 0.2}, x),
+        (
+            "linear_classifier_multi",
+            "LinearClassifier",
+            one,
+            scores,
+            {
+                "coefficients": coef,
+                "intercepts": [0.1, -0.2, 0.3],
+                "classlabels_ints": [4, 5, 6],
+                "post_transform": "SOFTMAX",
+            },
+            x,
+        ),
+        (
+            "linear_classifier_binary_one_row",
+            "LinearClassifier",
+            one,
+            [("Y", s, None), ("Z", f, None)],
+            {
+                "coefficients": coef[:4],
+                "intercepts": [0.1],
+                "classlabels_strings": ["no", "yes"],
+                "post_transform": "LOGISTIC",
+            },
+            x,
+        ),
+        (
+            "linear_classifier_binary_raw",
+            "LinearClassifier",
+            one,
+            scores,
+            {"coefficients": coef[:4], "intercepts": [0.1], "classlabels_ints": [2, 9]},
+            x,
+        ),
+        (
+            "linear_regressor_targets",
+            "LinearRegressor",
+            one,
+            [("Y", f, None)],
+            {"coefficients": coef[:8], "intercepts": [1.0, -1.0], "targets": 2},
+            x,
+        ),
+        (
+            "svm_linear_mode",
+            "SVMClassifier",
+            one,
+            scores,
+            {
+                "coefficients": coef,
+                "rho": [0.5],
+                "classlabels_ints": [0, 1, 2],
+                "kernel_type": "LINEAR",
+                "kernel_params": kernel,
+            },
+            x,
+        ),
+        (
+            "svm_binary_logistic",
+            "SVMClassifier",
+            one,
+            scores,
+            {
+                "coefficients": [1.0, -1.0, 0.5],
+                "support_vectors": coef,
+                "vectors_per_class": [2, 1],
+                "rho": [0.2],
+                "classlabels_ints": [0, 1],
+                "kernel_type": "RBF",
+                "kernel_params": [0.3, 0.0, 3.0],
+                "post_transform": "LOGISTIC",
+            },
+            x,
+        ),
+        (
+            "svm_regressor_linear",
+            "SVMRegressor",
+            one,
+            [("Y", f, None)],
+            {"coefficients": coef[:4], "rho": [0.25], "kernel_params": kernel},
+            x,
+        ),
+        (
+            "svm_regressor_one_class",
+            "SVMRegressor",
+            one,
+            [("Y", f, None)],
+            {
+                "coefficients": [1.0, -1.0],
+                "support_vectors": coef[:8],
+                "n_supports": 2,
+                "rho": [0.1],
+                "kernel_type": "RBF",
+                "kernel_params": [0.5, 0.0, 3.0],
+                "one_class": 1,
+            },
+            x,
+        ),
+        (
+            "feature_vectorizer",
+            "FeatureVectorizer",
+            [("A", f, None), ("B", f, None)],
+            [("Y", f, None)],
+            {"inputdimensions": [3, 5]},
+            (x, x[:, :2].copy()),
+        ),
+        (
+            "array_feature_extractor",
+            "ArrayFeatureExtractor",
+            [("X", f, None), ("I", i64, None)],
+            [("Y", f, None)],
+            {},
+            (x, np.array([3, 0], dtype=np.int64)),
+        ),
+        (
+            "label_encoder",
+            "LabelEncoder",
+            [("X", s, None)],
+            [("Y", i64, None)],
+            {"keys_strings": ["a", "b", "c"], "values_int64s": [1, 2, 3], "default_int64": 0},
+            xs,
+        ),
+        (
+            "zip_map_strings",
+            "ZipMap",
+            one,
+            [("Z", None, None)],
+            {"classlabels_strings": ["w", "x", "y", "z"]},
+            x,
+        ),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "outputs", "attrs", "feed"),
+    [pytest.param(*case[1:], id=case[0]) for case in _ops_cases()],
+)
+def test_single_ml_op_matches_onnxruntime(op, inputs, outputs, attrs, feed) -> None:
+    from onnx import TensorProto, helper
+
+    if op == "ZipMap":
+        model = helper.make_model(
+            helper.make_graph(
+                [helper.make_node(op, ["X"], ["Z"], domain="ai.onnx.ml", **attrs)],
+                "g",
+                [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],
+                [
+                    helper.make_value_info(
+                        "Z",
+                        helper.make_sequence_type_proto(
+                            helper.make_map_type_proto(
+                                TensorProto.STRING,
+                                helper.make_tensor_type_proto(TensorProto.FLOAT, None),
+                            )
+                        ),
+                    )
+                ],
+            ),
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)],
+        )
+        model.ir_version = 8
+        onx = model.SerializeToString()
+    else:
+        onx = op_model(op, inputs, outputs, attrs)
+    feeds = dict(zip([n for n, _, _ in inputs], feed if isinstance(feed, tuple) else (feed,)))
+    check_model(onx, feeds)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"mark": 0, "mincharnum": 1, "pad_value": "#", "tokenexp": "[a-zA-Z0-9_]+"},
+        {"mark": 1, "mincharnum": 2, "pad_value": "#", "tokenexp": "[a-z]+"},
+        {"mark": 0, "mincharnum": 1, "pad_value": "", "separators": [" ", ","]},
+        {"mark": 1, "mincharnum": 1, "pad_value": "_", "separators": [""]},
+        {"mark": 0, "mincharnum": 3, "pad_value": "0", "separators": ["[.,;] ?", " "]},
+    ],
+    ids=["tokenexp", "tokenexp_marked_min2", "separators", "characters_marked", "regex_separators"],
+)
+def test_tokenizer_matches_onnxruntime(attrs: dict[str, Any]) -> None:
+    from onnx import TensorProto
+
+    texts = np.array(
+        [["the cat, sat", "on a mat."], ["dogs; ran far", ""], ["x", "a bb ccc dddd"]],
+        dtype=object,
+    )
+    onx = op_model(
+        "Tokenizer",
+        [("X", TensorProto.STRING, None)],
+        [("Y", TensorProto.STRING, None)],
+        attrs,
+        domain="com.microsoft",
+    )
+    check_model(onx, {"X": texts})
+
+
+def test_cast_map_matches_onnxruntime() -> None:
+    from onnx import TensorProto, helper
+
+    # ONNX Runtime's Python API cannot feed a map(int64, string): float maps only
+    for value_type, cast_to, form in [
+        (TensorProto.FLOAT, "TO_FLOAT", "DENSE"),
+        (TensorProto.FLOAT, "TO_INT64", "SPARSE"),
+        (TensorProto.FLOAT, "TO_STRING", "DENSE"),
+        (TensorProto.FLOAT, "TO_FLOAT", "SPARSE"),
+    ]:
+        out = {"TO_FLOAT": TensorProto.FLOAT, "TO_INT64": TensorProto.INT64}.get(
+            cast_to, TensorProto.STRING
+        )
+        map_type = helper.make_map_type_proto(
+            TensorProto.INT64, helper.make_tensor_type_proto(value_type, None)
+        )
+        node = helper.make_node(
+            "CastMap", ["X"], ["Y"], domain="ai.onnx.ml", cast_to=cast_to, map_form=form, max_map=5
+        )
+        model = helper.make_model(
+            helper.make_graph(
+                [node],
+                "g",
+                [helper.make_value_info("X", map_type)],
+                [helper.make_tensor_value_info("Y", out, None)],
+            ),
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)],
+        )
+        model.ir_version = 8
+        values = (
+            {3: 2.5, 0: -1.0, 1: 7.0} if value_type == TensorProto.FLOAT else {3: "2.5", 1: "7"}
+        )
+        check_model(model.SerializeToString(), {"X": values})

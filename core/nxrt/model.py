@@ -172,13 +172,16 @@ def _take_inferred_types(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> N
 
 @contextlib.contextmanager
 def _outputs_typed_for_checker(proto: onnx.ModelProto) -> Iterator[None]:
-    """Let graph outputs without a type or shape pass the checker, as ONNX Runtime does.
+    """Let graph outputs without a type or shape, and tensor inputs without a shape, pass
+    the checker, as ONNX Runtime does.
 
-    The checker insists on both; ONNX Runtime infers them. Placeholders are put
-    in for the check only, and the caller's outputs are restored afterwards.
+    The checker insists on both; ONNX Runtime infers them (and takes inputs of
+    any shape). Placeholders are put in for the check only, and the caller's
+    values are restored afterwards.
     """
     originals = []
-    for output in proto.graph.output:
+    shapeless_inputs = [v for v in proto.graph.input if v.type.HasField("tensor_type")]
+    for output in [*shapeless_inputs, *proto.graph.output]:
         tensor_type = output.type.tensor_type
         if output.type.HasField("tensor_type") and tensor_type.HasField("shape"):
             continue

@@ -92,16 +92,15 @@ def transform(scores: np.ndarray, name: str) -> np.ndarray:
 def expand_binary(score: np.ndarray, name: str, mode: np.ndarray | int) -> np.ndarray:
     """Two score columns from one (``[N]`` -> ``[N, 2]``), per row by ``mode``.
 
-    ``mode`` (per row, or one for all) is :data:`ONE_MINUS` for
-    ``[1 - s, s]`` or :data:`NEGATED` for ``[-s, s]`` (``[logistic(-s),
-    logistic(s)]`` under LOGISTIC). Other transforms are not applied here: a
-    single binary score is taken as already transformed, as ONNX Runtime does.
+    Under LOGISTIC both columns are ``[logistic(-s), logistic(s)]``. Otherwise
+    ``mode`` (per row, or one for all) is :data:`ONE_MINUS` for ``[1 - s, s]``
+    or :data:`NEGATED` for ``[-s, s]``; other transforms are not applied to a
+    single binary score, as ONNX Runtime does not apply them.
     """
     score = score.reshape(-1)
     if name == "LOGISTIC":
-        negated = np.stack([logistic(-score), logistic(score)], axis=1)
-    else:
-        negated = np.stack([-score, score], axis=1)
+        return np.stack([logistic(-score), logistic(score)], axis=1).astype(score.dtype)
+    negated = np.stack([-score, score], axis=1)
     one_minus = np.stack([1 - score, score], axis=1)
     negate = np.asarray(mode) >= NEGATED
     return np.where(np.reshape(negate, (-1, 1)), negated, one_minus).astype(score.dtype)
