@@ -18,6 +18,7 @@ the other.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -488,6 +489,11 @@ def _add(
                 high[i, c] = w
 
 
+#: The Python body of ``_add``, kept for compiling (the module name is then the compiled one).
+_ADD_BODY = _add
+_compile_lock = threading.Lock()
+
+
 @functools.cache
 def _compiled() -> tuple[Any] | None:
     """The numba-compiled walk, or ``None`` where numba is not installed."""
@@ -496,6 +502,7 @@ def _compiled() -> tuple[Any] | None:
         import numba
     except ImportError:
         return None
-    # _walk_rows calls _add by its global name: compile it first, in its place
-    _add = numba.njit(cache=True, nogil=True, inline="always")(_add)
-    return (numba.njit(cache=True, nogil=True)(_walk_rows),)
+    with _compile_lock:  # sessions may be created on several threads at once
+        # _walk_rows calls _add by its global name: compile it first, in its place
+        _add = numba.njit(cache=True, nogil=True, inline="always")(_ADD_BODY)
+        return (numba.njit(cache=True, nogil=True)(_walk_rows),)
