@@ -858,22 +858,27 @@ def test_random_tree_regressors_match_onnxruntime(seed: int) -> None:
         assert_same(got[0], want[0], "scores")
 
 
+MIXED = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
+
+
 @pytest.mark.parametrize(
-    "modes",
+    ("modes", "tracks", "uniform"),
     [
-        ["BRANCH_LEQ"],
-        ["BRANCH_LT"],
-        ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"],
+        (["BRANCH_LEQ"], False, 0),
+        (["BRANCH_LT"], False, 1),
+        (["BRANCH_LEQ"], True, 2),
+        (["BRANCH_LT"], True, 3),
+        (MIXED, True, -1),
     ],
-    ids=["leq_in_step", "lt_in_step", "mixed_one_by_one"],
+    ids=["leq", "lt", "leq_missing", "lt_missing", "mixed"],
 )
-def test_compiled_walk_agrees_with_the_numpy_reference(modes: list[str]) -> None:
+def test_compiled_walk_agrees_with_the_numpy_reference(modes, tracks, uniform) -> None:
     from nxrt_ep_cpu.ops import ml_tree_walk
     from nxrt_ep_cpu.ops.ml_trees import RegressorPlan
 
     rng = np.random.default_rng(7)
     attrs, leaves = random_trees(rng, 20, 6, modes)
-    if len(modes) == 1:  # no missing-value tracking: the rows walk in step
+    if not tracks:
         attrs["nodes_missing_value_tracks_true"] = [0] * len(attrs["nodes_modes"])
     plan = RegressorPlan(
         **attrs,
@@ -886,7 +891,7 @@ def test_compiled_walk_agrees_with_the_numpy_reference(modes: list[str]) -> None
     x = rng.normal(size=(700, 6))
     x[rng.random(x.shape) < 0.1] = np.nan
     assert ml_tree_walk._compiled() is not None, "numba is a dependency of nxrt-ep-cpu"
-    assert (plan.forest.packed[2] >= 0) == (len(modes) == 1)
+    assert plan.forest.packed[2] == uniform
     compiled = ml_tree_walk.leaf_scores(plan.forest, x, extremes=True)
     reference = ml_tree_walk.aggregate_numpy(
         plan.forest, ml_tree_walk.walk_numpy(plan.forest, x), False
