@@ -615,7 +615,9 @@ def quantize(b: Builder, op: str) -> onnx.NodeProto:
 
 @gen("DynamicQuantizeLinear")
 def dynamic_quantize(b: Builder, op: str) -> onnx.NodeProto:
-    return b.node(op, [b.pick([F32])], n_out=3)
+    """Finite inputs only: a NaN or infinity makes the scale infinite or NaN, and what each
+    runtime returns then is an accident of how its min and max treat NaN."""
+    return b.node(op, [b.pick([F32], where=lambda v: bool(np.isfinite(v).all()))], n_out=3)
 
 
 @gen("QLinearMatMul")
@@ -674,7 +676,9 @@ def dft(b: Builder, op: str) -> onnx.NodeProto:
     dtype = b.choice(b.types(op))
     batch, length = b.dim(hi=2), b.int(1, 8)
     complex_in = b.maybe(0.5)
-    x = b.like(dtype, (batch, length, 2 if complex_in else 1))
+    # finite input only: how a NaN or infinity spreads through a transform depends on the
+    # FFT algorithm (which terms meet 0 * inf), which no spec fixes
+    x = b.input(b.data(dtype, (batch, length, 2 if complex_in else 1), special=False))
     inverse = flag(b)
     onesided = flag(b, 0.5) if not complex_in and not inverse else None
     inputs = [x]
@@ -695,7 +699,7 @@ def stft(b: Builder, op: str) -> onnx.NodeProto:
     dtype = b.choice(b.types(op))
     length = b.int(4, 12)
     frame = b.int(2, length)
-    x = b.like(dtype, (b.dim(hi=2), length, b.choice([1, 1, 2])))
+    x = b.input(b.data(dtype, (b.dim(hi=2), length, b.choice([1, 1, 2])), special=False))
     inputs = [x, b.param(op, 1, b.int(1, 3), b.choice([I32, I64]))]
     if b.maybe(0.5):
         inputs.append(b.const(b.rng.uniform(0, 1, frame).astype(dtype)))
@@ -705,12 +709,8 @@ def stft(b: Builder, op: str) -> onnx.NodeProto:
         inputs.append(b.param(op, 3, frame, I64))
     while inputs[-1] == "":
         inputs.pop()
-    onesided = None if b.value(x).shape[-1] == 2 else flag(b)
-    if onesided is None:
-        onesided_attr = 0
-    else:
-        onesided_attr = onesided
-    return b.node(op, inputs, onesided=onesided_attr)
+    onesided = 0 if b.value(x).shape[-1] == 2 else flag(b)
+    return b.node(op, inputs, onesided=onesided)
 
 
 @gen("MelWeightMatrix")
@@ -733,74 +733,91 @@ def mel_weight_matrix(b: Builder, op: str) -> onnx.NodeProto:
 
 
 @gen(
-    "SequenceAt",
-    "SequenceLength",
-    "ConcatFromSequence",
-    "SequenceInsert",
-    "SequenceErase",
-    "SplitToSequence",
-    "SequenceConstruct",
-    "SequenceEmpty",
-)
+    "SequenceAt", "SequenceLength", "ConcatFromSequence", "SequenceInsert", "SequenceErase",
+    "SplitToSequence", "SequenceConstruct", "SequenceEmpty",
+)  # fmt: skip
 def sequence(b: Builder, op: str) -> list[onnx.NodeProto]:
     """A sequence made (SequenceConstruct, SplitToSequence or SequenceEmpty + inserts),
-    maybe edited, then turned back into a tensor."""
+    maybe edited, then turned back into a tensor; the items' shapes are tracked so that
+    inserts and ConcatFromSequence stay valid."""
     x = b.pick(b.types("SequenceConstruct"), (1, 3), lo=1)
     value = b.value(x)
     nodes: list[onnx.NodeProto] = []
-    count = 1
     make = b.choice(["SequenceConstruct", "SplitToSequence", "SplitToSequence"])
     if op in ("SequenceConstruct", "SplitToSequence", "SequenceEmpty"):
         make = op
     if make == "SequenceConstruct":
-        count = b.int(1, 3)
-        items = [x] + [b.like(value.dtype, value.shape, fresh=0.7) for _ in range(count - 1)]
+        items = [x] + [b.like(value.dtype, value.shape, fresh=0.7) for _ in range(b.int(0, 2))]
+        shapes = [value.shape] * len(items)
         nodes.append(b.node(make, items))
     elif make == "SplitToSequence":
         axis = b.axis(value.ndim)
         length = value.shape[axis]
-        attrs = {"axis": axis, "keepdims": flag(b)}
+        attrs: dict = {"axis": axis}
         inputs = [x]
         if b.maybe(0.5):
             sizes = np.diff([0, *sorted(b.rng.integers(0, length + 1, b.int(0, 2))), length])
             inputs.append(b.param(make, 1, sizes))
-            count = len(sizes)
-            attrs.pop("keepdims")
         elif b.maybe(0.3):
             chunk = b.int(1, length)
             inputs.append(b.param(make, 1, chunk))
-            count = -(-length // chunk)
-            attrs.pop("keepdims")
+            sizes = [chunk] * (length // chunk) + ([length % chunk] if length % chunk else [])
         else:
-            count = length
+            sizes = [1] * length
+            attrs["keepdims"] = flag(b)
+        shapes = []
+        for size in sizes:
+            shape = list(value.shape)
+            shape[axis] = int(size)
+            if attrs.get("keepdims") == 0:
+                del shape[axis]
+            shapes.append(tuple(shape))
         nodes.append(b.node(make, inputs, **attrs))
     else:
-        nodes.append(
-            b.node("SequenceEmpty", [], dtype=helper.np_dtype_to_tensor_dtype(value.dtype))
-        )
+        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+        nodes.append(b.node("SequenceEmpty", [], dtype=elem))
         nodes.append(b.node("SequenceInsert", [nodes[-1].output[0], x]))
+        shapes = [value.shape]
     seq = nodes[-1].output[0]
     if op == "SequenceInsert" or b.maybe(0.3):
-        item = b.like(value.dtype, value.shape, fresh=0.5)
-        position = [] if b.maybe(0.5) else [b.param("SequenceInsert", 2, b.int(-count, count))]
-        nodes.append(b.node("SequenceInsert", [seq, item, *position]))
-        seq, count = nodes[-1].output[0], count + 1
-    if (op == "SequenceErase" or b.maybe(0.2)) and count > 1:
-        position = [] if b.maybe(0.5) else [b.param("SequenceErase", 1, b.int(-count, count - 1))]
+        shape = shapes[0] if shapes else value.shape
+        count = len(shapes)
+        at = b.int(-count, count)
+        position = [] if b.maybe(0.5) else [b.param("SequenceInsert", 2, at)]
+        nodes.append(b.node("SequenceInsert", [seq, b.like(value.dtype, shape), *position]))
+        shapes.insert(at if position else count, shape)
+        seq = nodes[-1].output[0]
+    if (op == "SequenceErase" or b.maybe(0.2)) and len(shapes) > 1:
+        at = b.int(-len(shapes), len(shapes) - 1)
+        position = [] if b.maybe(0.5) else [b.param("SequenceErase", 1, at)]
         nodes.append(b.node("SequenceErase", [seq, *position]))
-        seq, count = nodes[-1].output[0], count - 1
+        del shapes[at if position else -1]
+        seq = nodes[-1].output[0]
     consume = (
         op
         if op in ("SequenceAt", "SequenceLength", "ConcatFromSequence")
         else b.choice(["SequenceAt", "SequenceLength", "ConcatFromSequence"])
     )
-    if consume == "SequenceAt" and count:
-        nodes.append(b.node(consume, [seq, b.param(consume, 1, b.int(-count, count - 1))]))
-    elif consume == "ConcatFromSequence" and count:
-        rank = value.ndim
-        new_axis = flag(b, 0.5)
-        axis = b.int(-rank - (1 if new_axis else 0), rank - (0 if new_axis else 1))
-        nodes.append(b.node(consume, [seq], axis=axis, new_axis=new_axis))
+    if consume == "ConcatFromSequence" and shapes:
+        rank = len(shapes[0])
+        same = all(s == shapes[0] for s in shapes)
+        along = [
+            a
+            for a in range(rank)
+            if all(s[:a] + s[a + 1 :] == shapes[0][:a] + shapes[0][a + 1 :] for s in shapes)
+        ]
+        if same and (not along or b.maybe(0.5)):
+            axis = b.int(-rank - 1, rank)
+            nodes.append(b.node(consume, [seq], axis=axis, new_axis=1))
+            return nodes
+        if along:
+            axis = b.choice(along)
+            axis = axis - rank if b.maybe(0.3) else axis
+            nodes.append(b.node(consume, [seq], axis=axis, new_axis=None if b.maybe() else 0))
+            return nodes
+    if consume != "SequenceLength" and shapes:
+        at = b.int(-len(shapes), len(shapes) - 1)
+        nodes.append(b.node("SequenceAt", [seq, b.param("SequenceAt", 1, at)]))
     else:
         nodes.append(b.node("SequenceLength", [seq]))
     return nodes

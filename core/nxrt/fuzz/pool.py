@@ -285,7 +285,7 @@ def minimize(
         nonlocal tries
         tries += 1
         got = evaluate_in(worker, candidate, scratch, timeout)
-        if got.kind == outcome.kind and got.op == outcome.op:
+        if got.signature() == outcome.signature():
             if got.culprit is not None and got.kind not in (CRASH, HANG):
                 candidate.expected = got.culprit.expected
             return True

@@ -17,6 +17,7 @@ difference``, not a failure.
 
 from __future__ import annotations
 
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,9 +66,14 @@ class Outcome:
     culprit: Case | None = None
 
     def signature(self) -> str:
-        """What makes two failures "the same": kind, op, and the error's type."""
-        head = self.detail.split(":", 1)[0] if self.kind != WRONG else ""
-        return f"{self.kind}|{self.op}|{head}"
+        """What makes two failures "the same": kind, op, and the error's first words."""
+        return f"{self.kind}|{self.op}|{error_key(self.detail) if self.kind != WRONG else ''}"
+
+
+def error_key(detail: str) -> str:
+    """An error message without the node's name and numbers: its type and first words."""
+    text = re.sub(r"^.*? on EP '[^']*': ", "", detail)
+    return re.sub(r"[-\d]+", "#", text)[:60]
 
 
 class NxrtCrashed(Exception):
@@ -179,6 +185,9 @@ def localize(case: Case, ep: str) -> Outcome | None:
         except NxrtCrashed as exc:
             return Outcome(CRASH, str(exc), node.op_type, single)
         if isinstance(got, str):
+            known = known_difference(single, got)
+            if known:
+                return Outcome(KNOWN, known, node.op_type, single)
             return Outcome(NXRT_ERROR, got[:500], node.op_type, single)
         why = outputs_mismatch(single, got, expected)
         if why:

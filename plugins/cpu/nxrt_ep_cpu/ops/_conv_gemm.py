@@ -208,7 +208,7 @@ class Reference:
         if len(x_shape) not in (3, 4):
             return f"{len(x_shape) - 2}-D convolution"
         if any(p < 0 for p in (*win.begin, *win.end)):
-            return "padding that crops the input (SAME with a kernel below the stride)"
+            return "negative pads, which crop the input"
         if 0 in (*x_shape[:2], w_shape[0], *win.out):
             return "empty input or output"
         return ""

@@ -25,9 +25,8 @@ AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 class Windows:
     """Where the windows of one spatial op lie, per spatial axis.
 
-    ``begin`` and ``end`` are the padding on each side (negative values crop,
-    as ONNX Runtime's SAME padding may ask for when a kernel is smaller than
-    its stride); ``out`` is the number of windows.
+    ``begin`` and ``end`` are the padding on each side (explicit negative
+    ``pads`` crop); ``out`` is the number of windows.
     """
 
     kernel: tuple[int, ...]
@@ -78,9 +77,12 @@ def windows(
         k, s, d = kernel[i], strides[i], dilations[i]
         extent = (k - 1) * d + 1
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            # SAME pads the input so that there are ceil(size / s) windows; when the
+            # kernel is smaller than the stride the windows fit unpadded, and the total
+            # padding is 0, never negative (which would crop the input's start).
             n = -(-size // s)
-            total = (n - 1) * s + extent - size
-            small = total // 2 if total >= 0 else -(-total // 2)  # C++ division, as ORT
+            total = max((n - 1) * s + extent - size, 0)
+            small = total // 2
             b = total - small if auto_pad == "SAME_LOWER" else small
             begin.append(b)
             end.append(total - b)

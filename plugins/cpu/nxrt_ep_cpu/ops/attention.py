@@ -48,8 +48,14 @@ def _split_heads(x: np.ndarray, heads: int, name: str) -> np.ndarray:
     return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
 
 
-def _softmax_rows(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis; an all ``-inf`` row gives zeros, not NaN."""
+def _softmax_rows(logits: np.ndarray, *, zero_empty: bool = True) -> np.ndarray:
+    """Softmax over the last axis; an all ``-inf`` row gives zeros, not NaN, unless
+    ``zero_empty`` is off (then it is the formula's NaN)."""
+    if not zero_empty:
+        with np.errstate(invalid="ignore"):
+            e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
+            e /= np.sum(e, axis=-1, keepdims=True)
+        return e
     top = np.max(logits, axis=-1, keepdims=True)
     top = np.where(np.isneginf(top), logits.dtype.type(0), top)
     e = np.exp(logits - top)
@@ -153,7 +159,9 @@ def _attention(
     )
     logits = scores if bias is None else scores + bias
     soft = _precision(softmax_precision) if softmax_precision is not None else dtype
-    probs = _softmax_rows(logits.astype(soft, copy=False))
+    # only a row the bias masks entirely is zero (the spec's errata); scores that are -inf
+    # by themselves (an infinite query) give the softmax's NaN, as in onnxruntime
+    probs = _softmax_rows(logits.astype(soft, copy=False), zero_empty=False)
     if bias is not None:
         masked_rows = np.isneginf(np.max(bias, axis=-1, keepdims=True))
         probs = np.where(masked_rows, probs.dtype.type(0), probs)

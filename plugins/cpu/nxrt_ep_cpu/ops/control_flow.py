@@ -8,12 +8,19 @@ subgraphs read from enclosing graphs are supplied by core.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nxrt.errors import KernelFailed
+from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.provider import ExecutionProvider
 
 
 def _flag(value: Any, what: str) -> bool:
@@ -43,21 +50,39 @@ def _stack(elements: list[Any], what: str) -> np.ndarray:
     return np.stack(arrays, axis=0)
 
 
-@op("Loop", since=(1, 11, 13, 16, 19, 21, 23, 24, 25))
+def _loop_kernel(ep: ExecutionProvider, node: ir.Node) -> CpuKernel:
+    """Loop's kernel, told the dtype and shape the body declares for each scan output: what
+    an empty scan output (zero iterations) is made of."""
+    attrs = attribute_values(node, ep.subgraph_compiler)
+    body = node.attributes["body"].as_graph()
+    carried = len(node.inputs) - 2
+    empty = []
+    for value in list(body.outputs)[1 + carried :]:
+        dtype = value.dtype.numpy() if value.dtype is not None else np.dtype(np.float32)
+        dims = value.shape.dims if value.shape is not None else None
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            dims = ()  # unknown: an empty 1-D array
+        empty.append(np.empty((0, *dims), dtype=dtype))
+    return CpuKernel(loop, {**attrs, "_empty_scans": empty})
+
+
+@op("Loop", since=(1, 11, 13, 16, 19, 21, 23, 24, 25), factory=_loop_kernel)
 def loop(
     m: np.ndarray | None,
     cond: np.ndarray | None,
     /,
     *v_initial: Any,
     body: Callable[..., list],
+    _empty_scans: Sequence[np.ndarray] = (),
 ) -> tuple[Any, ...]:
     """Run ``body(i, cond, *carried)`` while ``i < M`` and ``cond``; stack the scan outputs.
 
     Returns the final loop-carried values, then each scan output stacked along
     a new axis 0. The body's condition output ends the loop even when the
     ``cond`` input is absent (as ONNX Runtime and the reference do). With zero
-    iterations the carried values are the initial ones and the scan outputs
-    are empty 1-D float32 arrays: their element type is known only to the body.
+    iterations the carried values are the initial ones and each scan output is
+    empty, of the dtype and element shape the body declares (``_empty_scans``,
+    which the kernel factory reads from the body), as in onnxruntime.
     """
     trips = None if m is None or np.asarray(m).size == 0 else int(np.asarray(m).reshape(-1)[0])
     keep_going = True if cond is None or np.asarray(cond).size == 0 else _flag(cond, "cond")
@@ -79,10 +104,10 @@ def loop(
         for values, value in zip(scans, outputs[1 + count :], strict=True):
             values.append(value)
         i += 1
-    if scans is None:
-        # The body never ran: scan outputs are empty; their element shape is unknown here.
+    if scans is None:  # the body never ran
         scan_count = len(body.output_names) - 1 - count if hasattr(body, "output_names") else 0
-        return (*carried, *(np.empty((0,), dtype=np.float32) for _ in range(scan_count)))
+        empty = list(_empty_scans) or [np.empty((0,), dtype=np.float32)] * scan_count
+        return (*carried, *(e.copy() for e in empty[:scan_count]))
     stacked = [_stack(values, f"Loop scan output {k}") for k, values in enumerate(scans)]
     return (*carried, *stacked)
 

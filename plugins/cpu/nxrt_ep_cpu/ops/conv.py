@@ -156,6 +156,12 @@ def conv_transpose(
             size = output_shape[i] if output_shape else x.shape[2 + i] * strides[i]
             total = full[i] + extra[i] - size
             begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+        elif auto_pad == "NOTSET" and output_shape:
+            # the spec: a given output_shape generates the pads (explicit ones are ignored),
+            # the odd one at the start: pads[start] = total - total / 2
+            size = output_shape[i]
+            total = full[i] + extra[i] - size
+            begin.append(total - total // 2)
         elif auto_pad in ("NOTSET", "VALID"):
             p = pads if pads and auto_pad == "NOTSET" else (0,) * (2 * rank)
             if len(p) != 2 * rank:
@@ -258,9 +264,11 @@ def deform_conv(
             scale *= 1.0 - np.abs(pos[d] - at)
             valid &= (at >= 0) & (at < spatial[d])
             index = index * spatial[d] + np.clip(at, 0, spatial[d] - 1).astype(np.int64)
-        scale = np.where(valid, scale, 0.0).astype(x.dtype).reshape(n, offset_group, 1, -1)
+        scale = scale.astype(x.dtype).reshape(n, offset_group, 1, -1)
         values = np.take_along_axis(flat, index.reshape(n, offset_group, 1, -1), axis=3)
-        cols += values * scale
+        # a corner outside the input is zero, never read: a NaN or infinity at the clamped
+        # position must not leak in as 0 * inf
+        cols += np.where(valid.reshape(n, offset_group, 1, -1), values * scale, 0)
     cols = cols.reshape(n, group, (c // group) * taps, points)
     y = np.matmul(w.reshape(group, m // group, -1), cols).reshape((n, m) + win.out)
     if b is not None:

@@ -154,6 +154,10 @@ def _roi_align(
         raise KernelFailed(f"RoiAlign: batch_indices must lie in [0, {x.shape[0] - 1}]")
     _, channels, height, width = x.shape
     data = x.astype(np.float64)
+    # the separable weight matrices multiply every pixel, also those no sample reads, by
+    # its (zero) weight: a NaN or infinity there would spoil the bin, so such inputs
+    # take the per-sample path, which reads only each sample's four corners
+    separable = bool(np.isfinite(data).all())
     out = np.zeros((rois.shape[0], channels, out_h, out_w), dtype=np.float64)
     offset = 0.5 if half_pixel else 0.0
     for r, roi in enumerate(rois.astype(np.float64)):
@@ -168,7 +172,11 @@ def _roi_align(
         ys = _samples(start_h, bin_h, out_h, grid_h, height)
         xs = _samples(start_w, bin_w, out_w, grid_w, width)
         image = data[batch_indices[r]]
-        if mode == "avg":
+        if mode == "avg" and not separable:
+            total = np.add.reduce(_corners(image, ys, xs))
+            sums = total.reshape(channels, out_h, grid_h, out_w, grid_w).sum(axis=(2, 4))
+            out[r] = sums / max(grid_h * grid_w, 1)
+        elif mode == "avg":
             wy = _interp_matrix(*ys, out_h, grid_h, height)
             wx = _interp_matrix(*xs, out_w, grid_w, width)
             count = max(grid_h * grid_w, 1)
@@ -179,7 +187,8 @@ def _roi_align(
 
 
 def _samples(start: float, bin_size: float, bins: int, grid: int, size: int):
-    """Sample positions along one axis: low/high taps, their weights and validity, (bins*grid)."""
+    """Sample positions along one axis, ``(bins*grid)`` each: low/high taps, their weights
+    (0 for a sample outside the input) and whether the sample lies inside."""
     pos = (
         start
         + np.arange(bins)[:, None] * bin_size
@@ -193,10 +202,10 @@ def _samples(start: float, bin_size: float, bins: int, grid: int, size: int):
     high = np.where(edge, size - 1, low + 1)
     pos = np.where(edge, low, pos)
     frac = pos - low
-    return low, high, (1.0 - frac) * valid, frac * valid
+    return low, high, (1.0 - frac) * valid, frac * valid, valid
 
 
-def _interp_matrix(low, high, w_low, w_high, bins: int, grid: int, size: int) -> np.ndarray:
+def _interp_matrix(low, high, w_low, w_high, valid, bins: int, grid: int, size: int) -> np.ndarray:
     """``(bins, size)`` weights summing each bin's samples along one axis."""
     matrix = np.zeros((bins, size), dtype=np.float64)
     rows = np.repeat(np.arange(bins), grid)
@@ -210,16 +219,26 @@ def _roi_max(image, ys, xs, out_h, grid_h, out_w, grid_w) -> np.ndarray:
     channels = image.shape[0]
     if grid_h * grid_w == 0:
         return np.zeros((channels, out_h, out_w), dtype=np.float64)
-    y_low, y_high, wy_low, wy_high = ys
-    x_low, x_high, wx_low, wx_high = xs
-    corners = [
-        image[:, yi[:, None], xi[None, :]] * (wy[:, None] * wx[None, :])
+    values = np.maximum.reduce(_corners(image, ys, xs))  # (C, out_h*grid_h, out_w*grid_w)
+    values = values.reshape(channels, out_h, grid_h, out_w, grid_w)
+    return values.max(axis=(2, 4))
+
+
+def _corners(image, ys, xs) -> list[np.ndarray]:
+    """Each sample's four bilinear corners times their weights, ``(C, y samples, x samples)``.
+
+    A sample outside the input reads pixel (0, 0) with weight 0, as onnx.reference
+    (and onnxruntime, whose code it follows) do: only a NaN or infinity there shows.
+    """
+    y_low, y_high, wy_low, wy_high, y_valid = ys
+    x_low, x_high, wx_low, wx_high, x_valid = xs
+    inside = y_valid[:, None] & x_valid[None, :]
+    origin = image[:, :1, :1] * 0.0
+    return [
+        np.where(inside, image[:, yi[:, None], xi[None, :]] * (wy[:, None] * wx[None, :]), origin)
         for yi, wy in ((y_low, wy_low), (y_high, wy_high))
         for xi, wx in ((x_low, wx_low), (x_high, wx_high))
     ]
-    values = np.maximum.reduce(corners)  # (C, out_h*grid_h, out_w*grid_w)
-    values = values.reshape(channels, out_h, grid_h, out_w, grid_w)
-    return values.max(axis=(2, 4))
 
 
 # -- MaxUnpool -----------------------------------------------------------------------------------

@@ -157,9 +157,13 @@ def pow_(x: np.ndarray, y: np.ndarray, /) -> np.ndarray:
     """``x ** y`` in the dtype of ``x`` (opset 12 lets the exponent's dtype differ).
 
     Mixed dtypes are computed in the wider type (integers exactly, else in
-    float) and rounded back to the dtype of ``x``.
+    float) and rounded back to the dtype of ``x``. An integer raised to a
+    negative integer power (numpy refuses it) is computed in float64 and
+    truncated, as C++'s ``pow`` cast back to the integer type is.
     """
     with np.errstate(all="ignore"):
+        if x.dtype.kind in "iu" and y.dtype.kind == "i" and y.size and y.min() < 0:
+            return np.asarray(np.power(_as_float(x), y.astype(np.float64))).astype(x.dtype)
         if x.dtype == y.dtype:
             if x.dtype.kind == "f" and y.size == 1 and y.ndim <= x.ndim:
                 fast = _SMALL_POWERS.get(float(y.reshape(-1)[0]))
@@ -197,9 +201,11 @@ def _as_float(x: np.ndarray) -> np.ndarray:
 def clip_6(
     x: np.ndarray, /, *, max: float = _FLOAT32_MAX, min: float = -_FLOAT32_MAX
 ) -> np.ndarray:
-    """Clip with ``min``/``max`` attributes; the defaults (float32 range) clip nothing."""
-    lo = None if min <= -_FLOAT32_MAX else x.dtype.type(min)
-    hi = None if max >= _FLOAT32_MAX else x.dtype.type(max)
+    """Clip with ``min``/``max`` attributes; the defaults are float32's range, so they turn
+    float32 infinities into its largest finite values (the spec's numeric_limits)."""
+    floats = x.dtype.kind == "f"
+    lo = None if min <= -_FLOAT32_MAX and not floats else x.dtype.type(min)
+    hi = None if max >= _FLOAT32_MAX and not floats else x.dtype.type(max)
     return _clip(x, lo, hi)
 
 
@@ -207,9 +213,17 @@ def clip_6(
 def clip(
     x: np.ndarray, min: np.ndarray | None = None, max: np.ndarray | None = None, /
 ) -> np.ndarray:
-    """Clip with optional scalar ``min``/``max`` inputs (opset 11 on)."""
+    """Clip with optional scalar ``min``/``max`` inputs (opset 11 on).
+
+    A bound left out is the dtype's ``numeric_limits`` lowest or max value (the
+    spec's defaults), so for floats it turns infinities into finite values.
+    """
     lo = None if min is None else min.reshape(()).astype(x.dtype, copy=False)
     hi = None if max is None else max.reshape(()).astype(x.dtype, copy=False)
+    if x.dtype.kind == "f":
+        info = np.finfo(x.dtype)
+        lo = info.min if lo is None else lo
+        hi = info.max if hi is None else hi
     return _clip(x, lo, hi)
 
 
@@ -284,7 +298,12 @@ def inplace_activation(
         return lambda y: np.maximum(y, zeros(y.shape, y.dtype), out=y)
     if name == "Clip":
         lo, hi = (*params, -np.inf, np.inf)[:2]
-        return lambda y: np.minimum(np.maximum(y, lo, out=y), hi, out=y)
+
+        def clip_in_place(y: np.ndarray) -> np.ndarray:
+            info = np.finfo(y.dtype)  # unbounded sides clip to the finite range, as Clip
+            return np.minimum(np.maximum(y, max(lo, info.min), out=y), min(hi, info.max), out=y)
+
+        return clip_in_place
     if name == "LeakyRelu":
         alpha = params[0] if params else 0.01
         return lambda y: np.multiply(y, alpha, out=y, where=y < 0)

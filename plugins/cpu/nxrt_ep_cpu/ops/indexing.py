@@ -34,10 +34,23 @@ def _axis(axis: int, rank: int, op_name: str) -> int:
 
 @op("GatherElements", since=(11, 13))
 def gather_elements(data: np.ndarray, indices: np.ndarray, /, *, axis: int = 0) -> np.ndarray:
-    """Pick one entry of ``data`` along ``axis`` per entry of ``indices``."""
+    """Pick one entry of ``data`` along ``axis`` per entry of ``indices``.
+
+    The output takes the indices' shape; off the axis the indices may be
+    smaller than the data (the spec allows it), so the data is cut to them
+    first: ``take_along_axis`` would broadcast instead.
+    """
     axis = _axis(axis, data.ndim, "GatherElements")
+    if indices.ndim != data.ndim or any(
+        i > d for a, (i, d) in enumerate(zip(indices.shape, data.shape)) if a != axis
+    ):
+        raise KernelFailed(
+            f"GatherElements: indices of shape {indices.shape} do not fit data of shape "
+            f"{data.shape} off axis {axis}"
+        )
     index = _checked_indices(indices, data.shape[axis], "GatherElements")
-    return np.take_along_axis(data, index, axis=axis)
+    window = tuple(slice(None) if a == axis else slice(n) for a, n in enumerate(indices.shape))
+    return np.take_along_axis(data[window], index, axis=axis)
 
 
 @op("GatherND", since=11)
@@ -65,7 +78,8 @@ def _gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.nda
         )
     batch = int(np.prod(data.shape[:batch_dims], dtype=np.int64))
     flat_data = data.reshape((batch, *data.shape[batch_dims:]))
-    flat_idx = indices.reshape(batch, -1, depth).astype(np.int64)
+    per_batch = int(np.prod(indices.shape[batch_dims:-1], dtype=np.int64))
+    flat_idx = indices.reshape(batch, per_batch, depth).astype(np.int64)  # no -1: size may be 0
     columns = [
         _checked_indices(flat_idx[..., i], flat_data.shape[1 + i], "GatherND") for i in range(depth)
     ]

@@ -88,7 +88,13 @@ def batch_normalization(
 
 
 def _batch_norm(x, scale, b, mean, var, epsilon: float) -> np.ndarray:
-    """Fold the statistics into one multiply-add per channel, in the dtype of ``x``."""
+    """Fold the statistics into one multiply-add per channel, in the dtype of ``x``.
+
+    The fold itself is computed in float32 at least: float16 statistics (opset
+    15 lets them differ from ``x``) would lose three digits in it.
+    """
+    wide = np.float64 if np.float64 in (x.dtype, scale.dtype, var.dtype) else np.float32
+    scale, b, mean, var = (np.asarray(v, dtype=wide) for v in (scale, b, mean, var))
     factor = scale / np.sqrt(var + epsilon)
     shift = b - mean * factor
     shape = (-1,) + (1,) * (x.ndim - 2)
@@ -114,11 +120,12 @@ def lrn(
     before = (size - 1) // 2  # floor((size - 1) / 2) channels before, the rest after
     widths = [(0, 0)] * x.ndim
     widths[1] = (before, size - 1 - before)
-    square = np.pad(np.square(x), widths)
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x  # float16 squares overflow
+    square = np.pad(np.square(wide), widths)
     total = square[:, 0:c].copy()
     for i in range(1, size):  # one pass per channel offset in the window
         total += square[:, i : i + c]
-    return x / (bias + (alpha / size) * total) ** beta
+    return (wide / (bias + (alpha / size) * total) ** beta).astype(x.dtype, copy=False)
 
 
 @op("Softmax", since=(1, 11))
@@ -172,6 +179,8 @@ def _as_2d(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    if not x.size:  # np.max has no identity for an empty axis; the result is empty too
+        return x.copy()
     y = x - np.max(x, axis=axis, keepdims=True)
     np.exp(y, out=y)
     y /= np.sum(y, axis=axis, keepdims=True)
@@ -179,6 +188,8 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    if not x.size:
+        return x.copy()
     y = x - np.max(x, axis=axis, keepdims=True)
     y -= np.log(np.sum(np.exp(y), axis=axis, keepdims=True))
     return y

@@ -190,9 +190,19 @@ def lp_normalization(x: np.ndarray, /, *, axis: int = -1, p: int = 2) -> np.ndar
     return y.astype(x.dtype, copy=False)
 
 
+_MVN_AXES = (0, 2, 3)
+
+
 @op("MeanVarianceNormalization", since=(9, 13))
-def mean_variance_normalization(x: np.ndarray, /, *, axes: list[int] = (0, 2, 3)) -> np.ndarray:
-    """``(x - mean) / (std + 1e-9)`` over ``axes``; std from ``E[x^2] - E[x]^2`` as the body."""
+def mean_variance_normalization(x: np.ndarray, /, *, axes: list[int] = _MVN_AXES) -> np.ndarray:
+    """``(x - mean) / (std + 1e-9)`` over ``axes``; std from ``E[x^2] - E[x]^2`` as the body.
+
+    The default axes are meant for NCHW ("each channel"); on an input of lower
+    rank the ones it lacks are left out (N, C, L reduces over 0 and 2), as
+    onnxruntime does. Axes the model names are checked.
+    """
+    if axes is _MVN_AXES:
+        axes = [a for a in axes if a < x.ndim]
     axes = tuple(sorted(_axis(int(a), x.ndim) for a in axes))
     work = _stash(1, x.dtype)
     xw = x.astype(work, copy=False)

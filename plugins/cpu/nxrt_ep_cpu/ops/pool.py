@@ -47,6 +47,9 @@ def max_pool(
         auto_pad=auto_pad,
         ceil_mode=ceil_mode,
     )
+    if 0 in win.out:  # a window longer than its padded input: no output (the spec's size)
+        y = np.empty(x.shape[:2] + win.out, dtype=x.dtype)
+        return y if _n_outputs < 2 else (y, np.empty(y.shape, dtype=np.int64))
     if _n_outputs < 2:  # nobody reads Indices: skip computing them
         return _max(x, win)
     return _max_with_indices(x, win, storage_order)
@@ -118,6 +121,8 @@ def _reduce_windows(
     it starts at ``identity``. Always returns a new array.
     """
     lead = x.ndim - len(win.kernel)
+    if 0 in win.out:
+        return np.empty(x.shape[:lead] + win.out, dtype=x.dtype)
     if _whole(x.shape[lead:], win):  # one window covering everything: a plain reduction
         flat = x.reshape(x.shape[:lead] + (-1,))
         return ufunc.reduce(flat, axis=-1).reshape(x.shape[:lead] + (1,) * len(win.kernel))

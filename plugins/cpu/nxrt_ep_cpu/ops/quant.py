@@ -118,7 +118,7 @@ def _quantize(
     scale = _param(y_scale, x.shape, axis, block_size).astype(compute, copy=False)
     q = np.divide(x.astype(compute, copy=False), scale)
     if dtype in _INT_RANGES:
-        q = np.rint(q).astype(np.float64 if compute == np.float64 else np.float32)
+        q = np.asarray(np.rint(q), np.float64 if compute == np.float64 else np.float32)
         if y_zero_point is not None:
             q += _param(y_zero_point, x.shape, axis, block_size).astype(q.dtype)
         low, high = _INT_RANGES[dtype]
@@ -236,13 +236,20 @@ def dequantize_linear(
 
 @op("DynamicQuantizeLinear", since=11)
 def dynamic_quantize_linear(x: np.ndarray, /) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """uint8 quantisation whose range covers ``[min(x, 0), max(x, 0)]``."""
+    """uint8 quantisation whose range covers ``[min(x, 0), max(x, 0)]``.
+
+    An all-zero (or empty) input has no range: the scale is then 1, as in
+    onnxruntime and the C++ line onnx.reference quotes (the spec's formula
+    would divide by a zero scale).
+    """
     x32 = x.astype(np.float32, copy=False)
     high = np.float32(max(0.0, float(np.max(x32)))) if x.size else np.float32(0)
     low = np.float32(min(0.0, float(np.min(x32)))) if x.size else np.float32(0)
-    scale = np.float32((high - low) if high != low else 1.0) / np.float32(255)
-    zero = np.rint(np.clip(np.float32(0) - low / scale, 0, 255))
-    y = np.rint(x32 / scale)
+    scale = (high - low) / np.float32(255) if high != low else np.float32(1)
+    # saturated as the C++ std::max(0, std::min(255, zp)) of onnxruntime and onnx.reference:
+    # a NaN zero point (an infinite input) becomes 255, where np.clip would keep the NaN
+    zero = np.rint(np.float32(max(0.0, min(255.0, float(np.float32(0) - low / scale)))))
+    y = np.asarray(np.rint(x32 / scale))
     y += zero
     np.clip(y, 0, 255, out=y)
     return y.astype(np.uint8), np.array(scale, dtype=x.dtype), np.array(zero, dtype=np.uint8)
@@ -313,7 +320,7 @@ def _requantize(y: np.ndarray, y_zero_point: np.ndarray | None, default: np.dtyp
     dtype = y_zero_point.dtype if y_zero_point is not None else np.dtype(default)
     if dtype not in _INT_RANGES:
         raise KernelFailed(f"quantised output type {dtype} is not supported; use uint8 or int8")
-    y = np.rint(y)
+    y = np.asarray(np.rint(y))
     if y_zero_point is not None:
         y += y_zero_point.astype(np.float64)
     low, high = _INT_RANGES[dtype]

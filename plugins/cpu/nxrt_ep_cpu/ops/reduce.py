@@ -89,6 +89,8 @@ def _l1(x: np.ndarray, axes: tuple[int, ...], keepdims: int) -> np.ndarray:
 
 def _l2(x: np.ndarray, axes: tuple[int, ...], keepdims: int) -> np.ndarray:
     acc = _accumulator(x.dtype)
+    if acc.kind in "iu":  # the squares may overflow where the result does not
+        acc = np.dtype(np.float64)
     xa = x.astype(acc, copy=False)
     y = np.sqrt(np.sum(xa * xa, axis=axes, keepdims=True))
     return _finish(y, x.dtype, keepdims, axes)
@@ -98,8 +100,9 @@ def _mean(x: np.ndarray, axes: tuple[int, ...], keepdims: int) -> np.ndarray:
     acc = _accumulator(x.dtype)
     if acc.kind not in "fc":
         acc = np.dtype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):  # an empty set gives NaN
-        y = np.mean(x, axis=axes, dtype=acc, keepdims=True)
+    if x.size == 0:  # the spec leaves the mean of nothing undefined; onnxruntime gives 0
+        return _finish(np.sum(x, axis=axes, dtype=acc, keepdims=True), x.dtype, keepdims, axes)
+    y = np.mean(x, axis=axes, dtype=acc, keepdims=True)
     return _finish(y, x.dtype, keepdims, axes)
 
 

@@ -154,20 +154,25 @@ def stft(
 
 
 def _window(size: np.ndarray, periodic: int, output_datatype: int, op_name: str):
-    """The sample positions ``n`` and the denominator ``N`` of a window of ``size`` samples."""
+    """``n / N`` for the samples ``n`` of a window of ``size``, and the output dtype.
+
+    A symmetric window of one sample has ``N = 0``: the formula's ``0 / 0`` is NaN,
+    as in onnx.reference and onnxruntime.
+    """
     count = _scalar_int(size, op_name, "size")
     if count < 0:
         raise KernelFailed(f"{op_name}: size must not be negative, not {count}")
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(int(output_datatype)))
     denominator = count if periodic else count - 1
-    return np.arange(count, dtype=np.float64), max(denominator, 1), dtype
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.arange(count, dtype=np.float64) / np.float64(max(denominator, 0)), dtype
 
 
 @op("HannWindow", since=17)
 def hann_window(size: np.ndarray, /, *, output_datatype: int = 1, periodic: int = 1) -> np.ndarray:
     """``sin²(πn / N)``; ``N`` is ``size`` when ``periodic``, else ``size - 1``."""
-    n, big_n, dtype = _window(size, periodic, output_datatype, "HannWindow")
-    return (np.sin(np.pi * n / big_n) ** 2).astype(dtype)
+    phase, dtype = _window(size, periodic, output_datatype, "HannWindow")
+    return (np.sin(np.pi * phase) ** 2).astype(dtype)
 
 
 @op("HammingWindow", since=17)
@@ -175,9 +180,9 @@ def hamming_window(
     size: np.ndarray, /, *, output_datatype: int = 1, periodic: int = 1
 ) -> np.ndarray:
     """``25/46 - 21/46 cos(2πn / N)``; ``N`` is ``size`` when ``periodic``, else ``size - 1``."""
-    n, big_n, dtype = _window(size, periodic, output_datatype, "HammingWindow")
+    phase, dtype = _window(size, periodic, output_datatype, "HammingWindow")
     alpha = 25.0 / 46.0
-    return (alpha - (1 - alpha) * np.cos(2 * np.pi * n / big_n)).astype(dtype)
+    return (alpha - (1 - alpha) * np.cos(2 * np.pi * phase)).astype(dtype)
 
 
 @op("BlackmanWindow", since=17)
@@ -185,8 +190,8 @@ def blackman_window(
     size: np.ndarray, /, *, output_datatype: int = 1, periodic: int = 1
 ) -> np.ndarray:
     """``0.42 - 0.5 cos(2πn / N) + 0.08 cos(4πn / N)``; ``N`` as for the other windows."""
-    n, big_n, dtype = _window(size, periodic, output_datatype, "BlackmanWindow")
-    w = 0.42 - 0.5 * np.cos(2 * np.pi * n / big_n) + 0.08 * np.cos(4 * np.pi * n / big_n)
+    phase, dtype = _window(size, periodic, output_datatype, "BlackmanWindow")
+    w = 0.42 - 0.5 * np.cos(2 * np.pi * phase) + 0.08 * np.cos(4 * np.pi * phase)
     return w.astype(dtype)
 
 
