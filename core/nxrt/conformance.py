@@ -26,8 +26,9 @@ from importlib import resources
 #: The pseudo-EP name that runs the suite through onnxruntime, for comparison.
 ORT = "onnxruntime"
 DEFAULT_TIMEOUT = 60.0
-#: A case the EP refuses at session creation (an op it does not have) is "unsupported".
-UNSUPPORTED_PREFIX = "nxrt.errors.NoEpForOp"
+#: A case the EP refuses at session creation (an op it does not have) is "unsupported":
+#: its error is a NoEpForOp, or NoEpForNodes (several nodes no EP runs).
+UNSUPPORTED_PREFIXES = ("nxrt.errors.NoEpForOp", "nxrt.errors.NoEpForNodes")
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _worker(ep: str) -> None:
                 status, message = "fail", _last_line(result.failures[0][1])
             elif result.errors:
                 message = _last_line(result.errors[0][1])
-                status = "unsupported" if message.startswith(UNSUPPORTED_PREFIX) else "error"
+                status = "unsupported" if message.startswith(UNSUPPORTED_PREFIXES) else "error"
             elif result.skipped:
                 status, message = "error", f"skipped: {result.skipped[0][1]}"
             else:
