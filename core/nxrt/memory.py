@@ -7,6 +7,7 @@ naming the request and what was left, rather than the machine swapping.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Hashable
@@ -128,7 +129,40 @@ def parse_bytes(value: int | str | None) -> int | None:
     return int(number * factor)
 
 
-__all__ = ["MemoryGovernor", "parse_bytes"]
+def available_memory() -> int | None:
+    """Bytes the machine can still hand out without swapping (``None``: unknown).
+
+    Linux's ``MemAvailable`` (free memory plus what the kernel can reclaim),
+    else the free physical pages ``sysconf`` reports.
+    """
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_allocation(nbytes: int, budget: int | None = None) -> None:
+    """Raise :class:`OutOfMemory` *before* allocating ``nbytes`` that cannot fit.
+
+    A kernel calls this with its workspace size and its session's memory
+    budget (an EP's ``memory_limit``, ``None`` when unlimited). The request
+    must fit both the budget and the machine's available memory, so an
+    oversized input ends in a typed error naming both numbers instead of
+    numpy's ``MemoryError`` or the kernel's OOM killer.
+    """
+    limits = [b for b in (budget, available_memory()) if b is not None]
+    if limits and nbytes > min(limits):
+        raise OutOfMemory(nbytes, min(limits))
+
+
+__all__ = ["MemoryGovernor", "available_memory", "check_allocation", "parse_bytes"]
 
 
 class Workspace:

@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="failures minimized per signature (kind, op, error type)",
     )
     parser.add_argument("--only", type=int, nargs="*", help="run just these case indices")
+    parser.add_argument("--ops", nargs="*", help="draw only these ops (default: every op)")
     parser.add_argument("--show", action="store_true", help="print each --only case first")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
@@ -52,9 +53,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from nxrt.fuzz.generate import generate_case
 
         for index in args.only:
-            print(
-                f"case {args.seed}/{index}:\n{generate_case(args.seed, index, args.ep).describe()}"
-            )
+            case = generate_case(args.seed, index, args.ep, args.ops)
+            print(f"case {args.seed}/{index}:\n{case.describe()}")
     indices = args.only or range(args.start, args.start + args.cases)
     started = time.monotonic()
 
@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         out=args.out,
         minimize_each=args.minimize_each,
         progress=progress,
+        ops=args.ops,
     )
     if not args.quiet:
         print(file=sys.stderr)

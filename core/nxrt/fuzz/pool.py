@@ -186,11 +186,12 @@ def fuzz(
     out: str | None = None,
     minimize_each: int = 1,
     progress: Callable[[Report], None] | None = None,
+    ops: list[str] | None = None,
 ) -> Report:
     """Run cases ``(seed, i)`` for ``i`` in ``indices``; minimize and save failures in ``out``.
 
     ``minimize_each`` failures of each signature (kind, op, error type) are
-    minimized; the rest are counted and listed.
+    minimized; the rest are counted and listed. ``ops`` narrows the ops drawn.
     """
     report = Report(ep, seed)
     work: queue.Queue[int] = queue.Queue()
@@ -210,9 +211,8 @@ def fuzz(
                     index = work.get_nowait()
                 except queue.Empty:
                     return
-                answer, failure = worker.request(
-                    {"cmd": "gen", "seed": seed, "index": index, "dir": scratch}, timeout
-                )
+                command = {"cmd": "gen", "seed": seed, "index": index, "dir": scratch, "ops": ops}
+                answer, failure = worker.request(command, timeout)
                 outcome = outcome_of(answer, failure)
                 with lock:
                     report.counts[outcome.kind] += 1
@@ -231,7 +231,7 @@ def fuzz(
                     take = minimized[outcome.signature()] < minimize_each and out is not None
                     minimized[outcome.signature()] += 1
                 if take:
-                    case = outcome.culprit or regenerate(worker, seed, index, scratch, timeout)
+                    case = outcome.culprit or regenerate(worker, command, timeout)
                     if case is not None:
                         small = minimize(case, outcome, worker, scratch, timeout)
                         name = f"{outcome.kind.replace(' ', '-')}-{outcome.op}-{seed}-{index}.npz"
@@ -256,11 +256,9 @@ def fuzz(
     return report
 
 
-def regenerate(worker: Worker, seed: int, index: int, scratch: str, timeout: float) -> Case | None:
-    """Case ``(seed, index)`` as built (for a crash or hang, whose worker died with it)."""
-    answer, _ = worker.request(
-        {"cmd": "make", "seed": seed, "index": index, "dir": scratch}, timeout
-    )
+def regenerate(worker: Worker, command: dict, timeout: float) -> Case | None:
+    """The case a ``gen`` command made, as built (for a crash or hang, whose worker died)."""
+    answer, _ = worker.request({**command, "cmd": "make"}, timeout)
     return Case.load(answer["case"]) if answer and "case" in answer else None
 
 

@@ -46,7 +46,7 @@ def handle(command: dict, ep: str, say) -> dict:
         seed, index = command["seed"], command["index"]
         say({"phase": "gen"})
         try:
-            case = generate_case(seed, index, ep)
+            case = generate_case(seed, index, ep, command.get("ops"))
         except Skip as exc:
             return {
                 "kind": "both refused",

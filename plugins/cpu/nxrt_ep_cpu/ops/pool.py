@@ -229,10 +229,19 @@ def _max_with_indices(
     first = np.full(y.shape, taps, dtype=np.min_scalar_type(taps))  # `taps` means not found
     equal = np.empty(y.shape, dtype=bool)
     candidate = np.empty_like(first)
-    tap_offset = np.zeros(taps + 1, dtype=np.int64)  # the extra entry catches NaN windows
+    tap_offset = np.zeros(taps + 1, dtype=np.int64)  # the extra entry: nothing matched
+    # a NaN max is NaN's own index, the first one in the window (as numpy's argmax)
+    nan_max = np.isnan(y) if y.dtype.kind == "f" else None
+    if nan_max is not None and not nan_max.any():
+        nan_max = None
+    padded = any(win.begin) or any(win.end) or xp.shape[2:] != x.shape[2:]
     for i, (tap, view) in enumerate(tap_views(xp, win)):
         tap_offset[i] = sum(t * d * k for t, d, k in zip(tap, win.dilations, scale, strict=True))
         np.equal(view, y, out=equal)
+        if nan_max is not None:
+            equal |= np.isnan(view) & nan_max
+        if padded:  # a padding tap holds the dtype's lowest value: it must never win
+            equal &= _inside(tap, win, spatial)
         # candidate = i where equal, else `taps`
         np.multiply(equal.view(np.uint8), taps - i, out=candidate, casting="unsafe")
         np.subtract(taps, candidate, out=candidate, casting="unsafe")
@@ -246,6 +255,19 @@ def _max_with_indices(
     planes = np.arange(n * c, dtype=np.int64) * math.prod(spatial)
     indices += planes.reshape((n, c) + (1,) * rank)
     return y, indices
+
+
+def _inside(tap: tuple[int, ...], win: Windows, spatial: tuple[int, ...]) -> np.ndarray:
+    """For one kernel tap, which output positions read it from inside the input."""
+    mask = np.ones((1,) * len(spatial), dtype=bool)
+    for axis, (t, size) in enumerate(zip(tap, spatial, strict=True)):
+        pos = (
+            np.arange(win.out[axis]) * win.strides[axis] - win.begin[axis] + t * win.dilations[axis]
+        )
+        shape = [1] * len(spatial)
+        shape[axis] = win.out[axis]
+        mask = mask & ((pos >= 0) & (pos < size)).reshape(shape)
+    return mask
 
 
 def _average(x: np.ndarray, win: Windows, count_include_pad: int) -> np.ndarray:
