@@ -155,11 +155,18 @@ def _worker(ep: str) -> None:
 
 
 def _last_line(text: str) -> str:
-    """The most telling line of a traceback: the exception line, shortened."""
+    """The most telling line of a traceback: the exception's first line, shortened.
+
+    That is the line after the last frame (``  File ...`` and its indented
+    source lines), so a message of several lines is still found by its start.
+    """
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        if not line.startswith(" "):
-            return line[:500]
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    start = frames[-1] + 1 if frames else 0
+    while start < len(lines) and lines[start].startswith("    "):
+        start += 1
+    if start < len(lines):
+        return lines[start][:500]
     return lines[-1][:500] if lines else ""
 
 
