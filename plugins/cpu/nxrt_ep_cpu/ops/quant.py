@@ -123,6 +123,7 @@ def _quantize(
             q += _param(y_zero_point, x.shape, axis, block_size).astype(q.dtype)
         low, high = _INT_RANGES[dtype]
         np.clip(q, low, high, out=q)
+        np.nan_to_num(q, copy=False, nan=low)  # NaN saturates to the lowest, as in onnxruntime
         return q.astype(np.int32).astype(dtype)
     if dtype in _FLOAT8:
         q = q.astype(np.float32, copy=False)

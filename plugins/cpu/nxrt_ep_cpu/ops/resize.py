@@ -3,7 +3,7 @@
 Resize is separable: each resized axis is handled on its own, by gathering
 the few source taps every output position needs and summing them with their
 weights, so the work is vectorised over whole axes. Coordinates and weights
-are computed in float64; the result is cast back (rounded and saturated for
+are computed in float64; the result is cast back (truncated and saturated for
 integer types).
 """
 
@@ -32,12 +32,16 @@ _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "s
 
 
 def _cast_back(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float64 results in ``dtype``: integers are rounded (half to even) and saturated."""
+    """float64 results in ``dtype``: integers are truncated toward zero and saturated.
+
+    The spec does not say how an interpolated integer is rounded; onnxruntime
+    casts (C++ truncation), so nxrt does too.
+    """
     if values.dtype == dtype:
         return values
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
-        return np.clip(np.rint(values), info.min, info.max).astype(dtype)
+        return np.clip(np.trunc(values), info.min, info.max).astype(dtype)
     return values.astype(dtype)
 
 
