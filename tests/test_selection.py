@@ -214,3 +214,33 @@ def test_policies_have_onnx_runtime_names():
     names = {p.name for p in ExecutionProviderDevicePolicy}
     assert {"DEFAULT", "PREFER_CPU", "PREFER_GPU", "PREFER_NPU", "MAX_PERFORMANCE"} <= names
     assert nxrt.OrtExecutionProviderDevicePolicy is ExecutionProviderDevicePolicy
+
+
+def test_string_inputs_are_measured_and_inputs_without_a_feed_choose_by_preference(cpu_pm):
+    value = helper.make_tensor_value_info
+    strings = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["s"], ["t"])],
+            "strings",
+            [value("s", TensorProto.STRING, ["n"])],
+            [value("t", TensorProto.STRING, ["n"])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    seq = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)
+    sequences = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("SequenceLength", ["seq"], ["n"])],
+            "sequences",
+            [seq],
+            [value("n", TensorProto.INT64, [])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    with register_plugin(cpu_pm, TimedEP("fast", 0.0, preference=3), "fast"):
+        text = nxrt.InferenceSession(strings, plugin_manager=cpu_pm)
+        listed = nxrt.InferenceSession(sequences, plugin_manager=cpu_pm)
+    assert all(c.best_ms is not None for c in text.get_partition().selection.candidates)
+    report = listed.get_partition().selection
+    assert "chose by preference" in report.note and report.choice == ["fast", "cpu"]
+    assert listed.run(None, {"seq": [np.zeros(2, np.float32)] * 3})[0] == 3

@@ -679,11 +679,17 @@ def choose(
     infos, unstarted = (
         ep_infos(registry, host, parallel, options.threads) if report is None else ([], [])
     )
+    feeds: dict[str, Any] | None = None
+    cannot_measure = ""
     if report is None and policy.measures:
         graph = loaded.model.graph
-        feeds = sel.synthesize_feeds(
-            [v for v in graph.inputs if v.name not in graph.initializers], dims
-        )
+        try:
+            feeds = sel.synthesize_feeds(
+                [v for v in graph.inputs if v.name not in graph.initializers], dims
+            )
+        except NxrtError as exc:  # e.g. map inputs: choose by preference instead of timing
+            cannot_measure = f"not measured ({exc}); chose by preference"
+    if feeds is not None:
 
         def build_candidate(ids: list[str]) -> _Built:
             trial = LoadedModel(loaded.model.clone(), loaded.base_dir, loaded.weights)
@@ -705,14 +711,21 @@ def choose(
             sel.write_cached(key, report)
     elif report is None:
         ordered = (
-            sel.order_by_preference(infos)
-            if policy is ExecutionProviderDevicePolicy.PRIORITY
-            else sel.order_for_device(infos, policy)
+            sel.order_for_device(infos, policy)
+            if policy in sel.DEVICE_ORDER
+            else sel.order_by_preference(infos)
         )
         choice = [i.id for i in ordered if i.id != FALLBACK_EP] + [FALLBACK_EP]
-        report = sel.SelectionReport(policy.name, choice, unstarted)
+        report = sel.SelectionReport(policy.name, choice, unstarted, note=cannot_measure)
     if winner is None:
-        winner = _build_for(report.choice, loaded, host, registry, parallel, options)
+        try:
+            winner = _build_for(report.choice, loaded, host, registry, parallel, options)
+        except NxrtError as exc:  # a chosen EP that cannot build this model: cpu alone
+            if report.choice == [FALLBACK_EP] or FALLBACK_EP not in registry.providers:
+                raise
+            report.note = f"{','.join(report.choice)} failed to build ({exc}); cpu alone"
+            report.choice = [FALLBACK_EP]
+            winner = _build_for(report.choice, loaded, host, registry, parallel, options)
         report.seconds = time.perf_counter() - started
     winner.host.failures[:0] = [f for f in host.failures if f not in winner.host.failures]
     winner.selection.policy, winner.selection.report = policy.name, report

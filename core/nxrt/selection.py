@@ -169,8 +169,8 @@ def synthesize_feeds(inputs: Sequence[ir.Value], dims: Mapping[str, int]) -> dic
     rng = np.random.default_rng(0)
     feeds: dict[str, Any] = {}
     for value in inputs:
-        if value.dtype is None:
-            raise InvalidArgument(f"input {value.name!r} has no element type to make a feed from")
+        if type(value.type).__name__ != "TensorType" or value.dtype is None:
+            raise InvalidArgument(f"input {value.name!r} is not a tensor of known type")
         shape = []
         for dim in value.shape or ():
             if isinstance(dim, int):
@@ -184,6 +184,8 @@ def synthesize_feeds(inputs: Sequence[ir.Value], dims: Mapping[str, int]) -> dic
             feeds[value.name] = rng.integers(0, 2, shape).astype(dtype)
         elif dtype.kind == "b":
             feeds[value.name] = rng.integers(0, 2, shape).astype(bool)
+        elif dtype.kind in "OSU":  # text: a short word per element
+            feeds[value.name] = np.full(shape, "text", dtype=object)
         else:
             raise InvalidArgument(f"cannot make a feed of {dtype} for input {value.name!r}")
     return feeds
