@@ -98,6 +98,8 @@ class Builder:
     :param rng: The case's random generator; everything a case draws comes from it.
     :param opset: The case's opset; generators read schemas and choose forms by it.
     :param const_inputs: For an op, the input positions its kernel needs as constants.
+    :param preferred: Dtypes to draw most of the time where an op allows them (an EP's
+        own dtypes, so that its kernels, not the cpu fallback, get the node).
     """
 
     def __init__(
@@ -105,10 +107,12 @@ class Builder:
         rng: np.random.Generator,
         opset: int,
         const_inputs: Callable[[str], Sequence[int]] = lambda op: (),
+        preferred: Sequence[np.dtype] = (),
     ) -> None:
         self.rng = rng
         self.opset = opset
         self.const_inputs = const_inputs
+        self.preferred = tuple(preferred)
         self.values: dict[str, np.ndarray] = {}
         self.inputs: dict[str, np.ndarray] = {}
         self.consts: dict[str, np.ndarray] = {}
@@ -217,6 +221,9 @@ class Builder:
             raise Skip(op)
         ort = ort_types(op, s.since_version)
         runs = [d for d in dtypes if _type_str(d) in ort or (d == F16 and "tensor(float)" in ort)]
+        own = [d for d in runs if d in self.preferred]
+        if own and self.maybe(0.9):
+            return own
         if runs and self.maybe(0.9):
             return runs
         return dtypes

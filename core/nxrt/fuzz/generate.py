@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from nxrt.fuzz import ops_nn  # noqa: F401  (imported for its registrations)
-from nxrt.fuzz.build import MAX_ELEMENTS, Builder, Skip, _all_inputs, run_ort, schema
+from nxrt.fuzz.build import F16, F32, MAX_ELEMENTS, Builder, Skip, _all_inputs, run_ort, schema
 from nxrt.fuzz.case import Case, make_model
 from nxrt.fuzz.ops import GENERATORS
 
@@ -38,6 +38,9 @@ NOT_FUZZED = {
     "BitCast": "not generated yet",
     "TensorScatter": "not generated yet",
 }
+
+#: The dtypes an EP other than cpu computes in: drawn most of the time for its cases.
+EP_DTYPES = {"mlx": (F32, F16)}
 
 #: How often a fragment onnxruntime refuses is kept as the case's last node.
 KEEP_REFUSED = 0.15
@@ -89,7 +92,7 @@ def generate_case(seed: int, index: int, ep: str = "cpu", ops: Sequence[str] | N
     rng = np.random.default_rng([seed, index])
     opset = int(rng.choice(OPSETS))
     _, consts = ep_ops(ep)
-    builder = Builder(rng, opset, lambda op: consts.get(op, ()))
+    builder = Builder(rng, opset, lambda op: consts.get(op, ()), EP_DTYPES.get(ep, ()))
     pool = [op for op in (ops or fuzzed_ops(ep)) if schema(op, opset) is not None]
     wanted = int(rng.integers(1, 9))
     refused = ""

@@ -216,6 +216,88 @@ def _closer_to_float64(case: Case, got: list[Any] | str) -> bool:
     return True
 
 
+def _convtranspose_zero_extended(case: Case, got: list[Any] | str) -> bool:
+    """nxrt's output is onnxruntime's (the full result, where the padding is negative)
+    placed where the spec's pads put it, ``pads[start] = total // 2`` (SAME_UPPER) or
+    ``total - total // 2`` (SAME_LOWER), and zero elsewhere."""
+    if isinstance(got, str) or not case.expected:
+        return False
+    node = case.model.graph.node[0]
+    a = attrs_of(node)
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in case.model.graph.initializer}
+    x, w = ((case.feeds | init)[n] for n in node.input[:2])
+    full = next(iter(case.expected.values()))
+    rank = x.ndim - 2
+    strides = a.get("strides", [1] * rank)
+    dilations = a.get("dilations", [1] * rank)
+    extra = a.get("output_padding", [0] * rank)
+    want = np.zeros(got[0].shape, dtype=got[0].dtype)
+    window = [slice(None), slice(None)]
+    for i in range(rank):
+        length = (
+            strides[i] * (x.shape[2 + i] - 1) + extra[i] + (w.shape[2 + i] - 1) * dilations[i] + 1
+        )
+        total = length - x.shape[2 + i] * strides[i]
+        start = total // 2 if a["auto_pad"] == b"SAME_UPPER" else total - total // 2
+        window.append(slice(-start, -start + full.shape[2 + i]) if total < 0 else slice(None))
+    try:
+        want[tuple(window)] = full
+    except ValueError:
+        return False
+    return not mismatch(got[0], want)
+
+
+def _crop_on_unscaled_axis(node: onnx.NodeProto, inputs: Inputs) -> bool:
+    """tf_crop_and_resize where an axis keeps its length but its roi is not [0, 1]."""
+    a = attrs_of(node)
+    x = inputs[0]
+    roi = inputs[1] if len(inputs) > 1 else None
+    if a.get("coordinate_transformation_mode") != b"tf_crop_and_resize" or x is None:
+        return False
+    if roi is None or not roi.size:
+        return False
+    axes = [ax % x.ndim for ax in a.get("axes") or range(x.ndim)]
+    scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros(0)
+    sizes = inputs[3] if len(inputs) > 3 and inputs[3] is not None else np.zeros(0)
+    half = roi.size // 2
+    for i, axis in enumerate(axes):
+        same = (scales.size and scales[i] == 1) or (sizes.size and sizes[i] == x.shape[axis])
+        if same and (roi[i], roi[half + i]) != (0, 1):
+            return True
+    return False
+
+
+def _integer_interpolation(node: onnx.NodeProto, inputs: Inputs) -> bool:
+    mode = attrs_of(node).get("mode", b"nearest")
+    return _integers(node, inputs) and mode in (b"linear", b"cubic", b"bilinear", b"bicubic")
+
+
+def _within_one(case: Case, got: list[Any] | str) -> bool:
+    """Every integer nxrt gives is within 1 of onnxruntime's."""
+    if isinstance(got, str) or not case.expected:
+        return False
+    for g, e in zip(got, case.expected.values()):
+        if g.shape != e.shape or g.dtype != e.dtype:
+            return False
+        if g.size and np.abs(g.astype(np.int64) - e.astype(np.int64)).max() > 1:
+            return False
+    return True
+
+
+def _int32_max_backwards(node: onnx.NodeProto, inputs: Inputs) -> bool:
+    """An int32 Slice whose starts or ends hold INT32_MAX or INT32_MIN on a backward step."""
+    if len(inputs) < 5 or inputs[4] is None or inputs[1] is None:
+        return False
+    steps = inputs[4].reshape(-1)
+    for bound in (inputs[1], inputs[2]):
+        if bound is None or bound.dtype != np.int32:
+            continue
+        limits = np.isin(bound.reshape(-1), [2**31 - 1, -(2**31)])
+        if np.any(limits & (steps < 0)):
+            return True
+    return False
+
+
 def _wide_integers(node: onnx.NodeProto, inputs: Inputs) -> bool:
     """An integer input holding values a float32 cannot represent exactly (|v| > 2**24)."""
     return any(
@@ -505,10 +587,11 @@ KNOWN: list[KnownDifference] = [
     ),
     KnownDifference(
         "wide-integer-precision",
-        ("Einsum", "ReduceProd", "ReduceSum", "Shrink", "ReduceMean"),
+        ("Einsum", "ReduceProd", "ReduceSum", "Shrink", "ReduceMean", "Resize"),
         "integers too wide for a float: nxrt computes Einsum, ReduceSum and ReduceProd "
-        "exactly in the integer type and Shrink in it too; onnxruntime goes through double "
-        "(losing the low bits beyond 2**53) or, for Shrink, through float (beyond 2**24)",
+        "exactly in the integer type, Shrink in it too and Resize in float64; onnxruntime "
+        "goes through double (losing the low bits beyond 2**53) or, for Shrink and Resize, "
+        "through float (beyond 2**24)",
         _wide_integers,
     ),
     KnownDifference(
@@ -566,6 +649,33 @@ KNOWN: list[KnownDifference] = [
         _closer_to_float64,
     ),
     KnownDifference(
+        "resize-crop-unscaled-axis",
+        ("Resize",),
+        "tf_crop_and_resize with an axis that keeps its length but has a roi other than "
+        "[0, 1]: the spec's formula crops that axis too (onnx.reference does); "
+        "onnxruntime leaves axes of scale 1 untouched",
+        _crop_on_unscaled_axis,
+        _resize_reference,
+    ),
+    KnownDifference(
+        "integer-interpolation-rounding",
+        ("Resize", "GridSample"),
+        "linear or cubic interpolation of integers: the interpolated value is cast back "
+        "to the integer type (truncated, as onnxruntime does), and nxrt computes it in "
+        "float64 where onnxruntime uses float32, so a value that is whole in one lands "
+        "just below it in the other: the two differ by at most 1",
+        _integer_interpolation,
+        _within_one,
+    ),
+    KnownDifference(
+        "slice-int32-max-backwards",
+        ("Slice",),
+        "int32 starts or ends of INT32_MAX or INT32_MIN with a negative step: the spec "
+        "clamps them into the axis like any other value (onnx.reference does); "
+        "onnxruntime reads them as 'to the far end' and keeps a different range",
+        _int32_max_backwards,
+    ),
+    KnownDifference(
         "nonzero-of-scalar",
         ("NonZero",),
         'a scalar input: the spec says "for scalar input, NonZero produces output shape '
@@ -599,6 +709,7 @@ KNOWN: list[KnownDifference] = [
         "(onnx.reference does this); onnxruntime clamps the padding to 0 and returns the "
         "smaller full result",
         _same_padding_negative,
+        _convtranspose_zero_extended,
     ),
     KnownDifference(
         "mvn-zero-variance",

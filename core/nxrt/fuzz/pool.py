@@ -139,6 +139,9 @@ class Report:
     counts: Counter[str] = field(default_factory=Counter)
     findings: list[Finding] = field(default_factory=list)
     ops: Counter[str] = field(default_factory=Counter)
+    #: Cases that gave the tested EP at least one node, and how many nodes in all.
+    ep_cases: int = 0
+    ep_nodes: int = 0
     fuzzer_errors: list[tuple[int, str]] = field(default_factory=list)
 
     @property
@@ -149,11 +152,14 @@ class Report:
         """The one line a run ends with."""
         parts = ", ".join(f"{k} {self.counts.get(k, 0)}" for k in KINDS if self.counts.get(k))
         failed = sum(self.counts.get(k, 0) for k in FAILURES)
+        placed = ""
+        if self.ep != "cpu":
+            placed = f"; {self.ep_cases} cases gave {self.ep_nodes} nodes to {self.ep}"
         return (
             f"nxrt.fuzz {self.ep} seed {self.seed}: {self.cases} cases: {parts or 'none'}; "
             f"failures {failed} (wrong result {self.counts.get('wrong result', 0)}, "
             f"nxrt-only error {self.counts.get('nxrt-only error', 0)}, "
-            f"crash {self.counts.get('crash', 0)}, hang {self.counts.get('hang', 0)})"
+            f"crash {self.counts.get('crash', 0)}, hang {self.counts.get('hang', 0)}){placed}"
         )
 
     def to_dict(self) -> dict:
@@ -218,6 +224,9 @@ def fuzz(
                     report.counts[outcome.kind] += 1
                     for op in (answer or {}).get("ops", []):
                         report.ops[op] += 1
+                    on_ep = (answer or {}).get("on_ep", 0)
+                    report.ep_cases += bool(on_ep)
+                    report.ep_nodes += on_ep
                     if progress:
                         progress(report)
                 if outcome.kind == FUZZER_ERROR:

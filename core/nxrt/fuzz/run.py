@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ class Outcome:
     detail: str = ""
     op: str = ""
     culprit: Case | None = None
+    on_ep: int = 0  # nodes the tested EP (not its cpu fallback) was given
 
     def signature(self) -> str:
         """What makes two failures "the same": kind, op, and the error's first words."""
@@ -97,8 +99,11 @@ def run_onnxruntime(case: Case, outputs: list[str] | None = None) -> list[Any] |
         return f"{type(exc).__name__}: {exc}"
 
 
-def run_nxrt(case: Case, ep: str = "cpu", *, optimize: bool = True) -> list[Any] | str:
-    """nxrt's outputs, the text of an :class:`NxrtError` it raised, or :class:`NxrtCrashed`."""
+def run_nxrt(
+    case: Case, ep: str = "cpu", *, optimize: bool = True, placed: Counter[str] | None = None
+) -> list[Any] | str:
+    """nxrt's outputs, the text of an :class:`NxrtError` it raised, or :class:`NxrtCrashed`;
+    ``placed`` counts the nodes each EP was given."""
     import nxrt
     from nxrt.errors import NxrtError
 
@@ -111,6 +116,8 @@ def run_nxrt(case: Case, ep: str = "cpu", *, optimize: bool = True) -> list[Any]
     try:
         with np.errstate(all="ignore"):
             session = nxrt.InferenceSession(case.model, options, providers=providers)
+            if placed is not None:
+                placed.update(session.get_partition().nodes_per_ep())
             return session.run(None, dict(case.feeds))
     except NxrtError as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -120,13 +127,20 @@ def run_nxrt(case: Case, ep: str = "cpu", *, optimize: bool = True) -> list[Any]
 
 def evaluate(case: Case, ep: str = "cpu") -> Outcome:
     """Run ``case`` on both runtimes and classify it (see the module docstring)."""
-    from nxrt.fuzz.known import known_difference
-
     expected = run_onnxruntime(case)
+    placed: Counter[str] = Counter()
     try:
-        got = run_nxrt(case, ep)
+        got = run_nxrt(case, ep, placed=placed)
     except NxrtCrashed as exc:
         return Outcome(CRASH, str(exc), _op_named(case, str(exc)))
+    outcome = _classify(case, ep, expected, got)
+    outcome.on_ep = placed.get(ep, 0)
+    return outcome
+
+
+def _classify(case: Case, ep: str, expected: list[Any] | str, got: list[Any] | str) -> Outcome:
+    from nxrt.fuzz.known import known_difference
+
     if isinstance(expected, str) and isinstance(got, str):
         return Outcome(BOTH_REFUSED, f"ort: {expected[:300]} | nxrt: {got[:300]}")
     if isinstance(expected, str):
@@ -143,7 +157,10 @@ def evaluate(case: Case, ep: str = "cpu") -> Outcome:
     culprit = localize(case, ep)
     if culprit is not None:
         return culprit
-    unoptimized = run_nxrt(case, ep, optimize=False)
+    try:
+        unoptimized = run_nxrt(case, ep, optimize=False)
+    except NxrtCrashed as exc:
+        return Outcome(CRASH, f"without optimizations: {exc}", _op_named(case, str(exc)))
     if not isinstance(unoptimized, str) and not outputs_mismatch(case, unoptimized, expected):
         return Outcome(WRONG, f"optimized graph only: {why}", "optimizer", case)
     known = known_difference(case, got)

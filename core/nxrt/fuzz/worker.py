@@ -61,7 +61,13 @@ def handle(command: dict, ep: str, say) -> dict:
     else:
         case = Case.load(command["path"])
     outcome = evaluate(case, ep)
-    answer = {"kind": outcome.kind, "detail": outcome.detail, "op": outcome.op, "ops": case.ops}
+    answer = {
+        "kind": outcome.kind,
+        "detail": outcome.detail,
+        "op": outcome.op,
+        "ops": case.ops,
+        "on_ep": outcome.on_ep,
+    }
     if outcome.kind in FAILURES or outcome.culprit is not None:
         culprit = outcome.culprit or case
         path = os.path.join(scratch, f"culprit-{os.getpid()}.npz")

@@ -387,7 +387,13 @@ def _arg(
         raise KernelFailed(f"axis {axis} is out of range for a rank-{rank} input")
     axis = axis + rank if axis < 0 else axis
     if data.shape[axis] == 0:
-        raise KernelFailed("ArgMax/ArgMin over an empty axis has no answer")
+        shape = list(data.shape)
+        shape[axis] = 1
+        if 0 not in shape:
+            raise KernelFailed("ArgMax/ArgMin over an empty axis has no answer")
+        if not keepdims:
+            del shape[axis]
+        return np.zeros(shape, dtype=np.int64)  # an empty result needs no answer
     if select_last_index:
         last = data.shape[axis] - 1
         y = last - fn(np.flip(data, axis=axis), axis=axis, keepdims=True)
