@@ -17,6 +17,7 @@ import pytest
 
 from nxrt.fuzz import FAILURES, fuzz
 from nxrt.fuzz.case import Case
+from nxrt.fuzz.generate import ep_ops
 from nxrt.fuzz.known import KNOWN
 from nxrt.fuzz.regress import KNOWN_PREFIX
 from nxrt.fuzz.run import AGREED, evaluate, outputs_mismatch, run_nxrt
@@ -49,8 +50,14 @@ def test_random_graphs_agree_with_onnxruntime(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", regression_names())
 def test_regression(name):
+    """Each case on the EP that failed it: ``mlx_*`` cases on mlx, the rest on cpu."""
+    ep = name.split("_", 1)[0] if name.startswith("mlx_") else "cpu"
+    try:
+        ep_ops(ep)
+    except ValueError:
+        pytest.skip(f"the {ep} EP is not installed")
     case = Case.load(REGRESSIONS / f"{name}.npz")
-    got = run_nxrt(case)
+    got = run_nxrt(case, ep)
     assert not isinstance(got, str), f"nxrt refused it: {got}\n{case.describe()}"
     expected = [case.expected[n] for n in case.output_names()]
     why = outputs_mismatch(case, got, expected)

@@ -309,6 +309,10 @@ def _check_batch_norm(node: ir.Node, attrs: Mapping[str, Any]) -> str:
     return ""
 
 
+def _at_least_float32(v: mx.array) -> mx.array:
+    return v.astype(mx.float32) if v.dtype in (mx.float16, mx.bfloat16) else v
+
+
 @op("BatchNormalization", since=(7, 9, 14, 15), check=_check_batch_norm)
 def batch_normalization(
     x: mx.array,
@@ -323,8 +327,12 @@ def batch_normalization(
     spatial: int = 1,
     training_mode: int = 0,
 ) -> mx.array:
-    """Inference form, folded to one multiply-add per element."""
+    """Inference form, folded to one multiply-add per element; the fold in float32 at
+    least (float16 statistics, which opset 15 allows, would lose three digits in it)."""
     shape = (1, -1) + (1,) * (x.ndim - 2)
+    scale, b, input_mean, input_var = (
+        _at_least_float32(v) for v in (scale, b, input_mean, input_var)
+    )
     factor = scale * mx.rsqrt(input_var + epsilon)
     shift = b - input_mean * factor
     return (x * factor.reshape(shape) + shift.reshape(shape)).astype(x.dtype)

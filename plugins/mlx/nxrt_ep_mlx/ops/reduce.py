@@ -18,12 +18,30 @@ def _reduce(
     keepdims: int,
     noop_with_empty_axes: int,
 ) -> mx.array:
-    """No axes means all of them, or the identity when ``noop_with_empty_axes``."""
+    """No axes means all of them, or the identity when ``noop_with_empty_axes``.
+
+    Over an empty axis MLX refuses max and min, gives NaN for the mean and now
+    and then uninitialised memory for the sum; the spec's answers (the lowest
+    value for max, the highest for min, 0 for the sum) and onnxruntime's (0 for
+    the mean, which the spec leaves undefined) are filled in.
+    """
     if axes is None or len(axes) == 0:
         if noop_with_empty_axes:
             return x
         axes = range(x.ndim)
-    return fn(x, axis=tuple(a % x.ndim for a in axes), keepdims=bool(keepdims))
+    axis = tuple(a % x.ndim for a in axes)
+    empty = _EMPTY.get(getattr(fn, "__name__", ""))
+    if empty is not None and any(x.shape[a] == 0 for a in axis):
+        shape = [1 if a in axis else d for a, d in enumerate(x.shape)]
+        if not keepdims:
+            shape = [d for a, d in enumerate(shape) if a not in axis]
+        return mx.full(shape, empty, dtype=x.dtype)
+    return fn(x, axis=axis, keepdims=bool(keepdims))
+
+
+#: What a reduction over nothing gives (the dtypes MLX claims are floats), by the name of
+#: the mlx function (names, so that importing this module does not import mlx).
+_EMPTY = {"max": -float("inf"), "min": float("inf"), "mean": 0.0, "sum": 0.0}
 
 
 def _axes(axes: np.ndarray | None) -> list[int] | None:

@@ -26,7 +26,8 @@ def _ints(values: Any) -> list[int]:
 
 @op("Flatten", since=(1, 9, 11, 13, 21, 23, 24, 25))
 def flatten(x: mx.array, /, *, axis: int = 1) -> mx.array:
-    first = axis % x.ndim if x.ndim else 0
+    """Axes before ``axis`` become the first dim; ``axis`` may be the rank (all of them)."""
+    first = axis + x.ndim if axis < 0 else axis
     return x.reshape(math.prod(x.shape[:first]), math.prod(x.shape[first:]))
 
 
