@@ -68,7 +68,7 @@ def finite_twin_agrees(case: Case) -> bool:
     """Whether onnxruntime and nxrt agree once every NaN and infinity in the feeds is
     replaced by a finite number: then the two differ only in how non-finite values
     propagate."""
-    from nxrt.fuzz.run import outputs_mismatch, run_nxrt, run_onnxruntime
+    from nxrt.fuzz.execute import outputs_mismatch, run_nxrt, run_onnxruntime
 
     twin = Case(case.model, _finite(case.feeds))
     expected, got = run_onnxruntime(twin), run_nxrt(twin)
@@ -104,7 +104,7 @@ def _non_finite_and_twin(case: Case, got: list[Any] | str) -> bool:
         return False
     if agrees_with_reference(case, got, reshape=True):
         return True
-    from nxrt.fuzz.run import run_nxrt
+    from nxrt.fuzz.execute import run_nxrt
 
     twin = Case(case.model, _finite(case.feeds))
     return not agrees_with_reference(twin, run_nxrt(twin), reshape=True)

@@ -18,9 +18,7 @@ difference``, not a failure.
 from __future__ import annotations
 
 import re
-import traceback
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +27,12 @@ import onnx
 
 from nxrt.fuzz.build import _all_inputs
 from nxrt.fuzz.case import Case, make_model
-from nxrt.fuzz.compare import mismatch
+from nxrt.fuzz.execute import (
+    NxrtCrashed,
+    outputs_mismatch,
+    run_nxrt,
+    run_onnxruntime,
+)
 
 AGREED, BOTH_REFUSED, WRONG, NXRT_ERROR, ORT_ERROR = (
     "agreed",
@@ -47,14 +50,6 @@ KINDS = (
 )  # fmt: skip
 #: The outcomes that count against nxrt; every one is minimized and saved.
 FAILURES = (WRONG, NXRT_ERROR, CRASH, HANG)
-
-
-def _no_phase(phase: str) -> None:
-    """The default phase hook: nobody is listening."""
-
-
-#: Called with ``"ort"`` or ``"nxrt"`` before each run (the worker reports it to the driver).
-PHASE_HOOK: Callable[[str], None] = _no_phase
 
 
 @dataclass
@@ -76,53 +71,6 @@ def error_key(detail: str) -> str:
     """An error message without the node's name and numbers: its type and first words."""
     text = re.sub(r"^.*? on EP '[^']*': ", "", detail)
     return re.sub(r"[-\d]+", "#", text)[:60]
-
-
-class NxrtCrashed(Exception):
-    """nxrt raised something that is not an :class:`~nxrt.errors.NxrtError` (an EP bug)."""
-
-
-def run_onnxruntime(case: Case, outputs: list[str] | None = None) -> list[Any] | str:
-    import onnxruntime as ort
-
-    PHASE_HOOK("ort")
-    model = case.model if outputs is None else _with_outputs(case.model, outputs)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 4
-    try:
-        session = ort.InferenceSession(
-            model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-        return session.run(None, case.feeds)
-    except Exception as exc:  # noqa: BLE001 - a refusal, reported as text
-        return f"{type(exc).__name__}: {exc}"
-
-
-def run_nxrt(
-    case: Case, ep: str = "cpu", *, optimize: bool = True, placed: Counter[str] | None = None
-) -> list[Any] | str:
-    """nxrt's outputs, the text of an :class:`NxrtError` it raised, or :class:`NxrtCrashed`;
-    ``placed`` counts the nodes each EP was given."""
-    import nxrt
-    from nxrt.errors import NxrtError
-
-    options = nxrt.SessionOptions()
-    options.intra_op_num_threads = 1
-    if not optimize:
-        options.graph_optimization_level = nxrt.GraphOptimizationLevel.ORT_DISABLE_ALL
-    providers = [ep] if ep == "cpu" else [ep, "cpu"]
-    PHASE_HOOK("nxrt")
-    try:
-        with np.errstate(all="ignore"):
-            session = nxrt.InferenceSession(case.model, options, providers=providers)
-            if placed is not None:
-                placed.update(session.get_partition().nodes_per_ep())
-            return session.run(None, dict(case.feeds))
-    except NxrtError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception as exc:
-        raise NxrtCrashed(_last_lines(traceback.format_exc())) from exc
 
 
 def evaluate(case: Case, ep: str = "cpu") -> Outcome:
@@ -167,16 +115,6 @@ def _classify(case: Case, ep: str, expected: list[Any] | str, got: list[Any] | s
     if known:
         return Outcome(KNOWN, known, case.ops[-1], case)
     return Outcome(DRIFT, why)
-
-
-def outputs_mismatch(case: Case, got: list[Any], expected: list[Any]) -> str:
-    if len(got) != len(expected):
-        return f"{len(got)} outputs, expected {len(expected)}"
-    for name, g, e in zip(case.output_names(), got, expected):
-        why = mismatch(g, e)
-        if why:
-            return f"output {name}: {why}"
-    return ""
 
 
 def localize(case: Case, ep: str) -> Outcome | None:
@@ -257,22 +195,9 @@ def cut(case: Case, index: int, values: dict[str, Any]) -> Case | None:
     return Case(model, feeds, note=f"{case.note}; node {index} ({nodes[index].op_type}) alone")
 
 
-def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    del copy.graph.output[:]
-    copy.graph.output.extend(onnx.helper.make_value_info(n, onnx.TypeProto()) for n in names)
-    return copy
-
-
 def _op_named(case: Case, text: str) -> str:
     """The op an error message names (nxrt's errors name the node's op), else the last op."""
     for op in sorted(set(case.ops), key=len, reverse=True):
         if op in text:
             return op
     return case.ops[-1] if case.ops else ""
-
-
-def _last_lines(text: str, count: int = 4) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return " | ".join(line.strip() for line in lines[-count:])[:800]

@@ -14,11 +14,11 @@ import sys
 import traceback
 import warnings
 
-from nxrt.fuzz import run
+from nxrt.fuzz import execute
 from nxrt.fuzz.build import Skip
 from nxrt.fuzz.case import Case
 from nxrt.fuzz.generate import generate_case
-from nxrt.fuzz.run import FAILURES, evaluate
+from nxrt.fuzz.run import FAILURES, FUZZER_ERROR, evaluate
 
 
 def main(ep: str) -> None:
@@ -30,14 +30,14 @@ def main(ep: str) -> None:
         answers.write(json.dumps(message) + "\n")
         answers.flush()
 
-    run.PHASE_HOOK = lambda phase: say({"phase": phase})
+    execute.PHASE_HOOK = lambda phase: say({"phase": phase})
     for line in sys.stdin:
         command = json.loads(line)
         try:
             say(handle(command, ep, say))
         except Exception:  # noqa: BLE001 - the fuzzer's own error: report it, go on
             detail = traceback.format_exc()[-800:]
-            say({"kind": run.FUZZER_ERROR, "detail": detail, "op": "", "ops": []})
+            say({"kind": FUZZER_ERROR, "detail": detail, "op": "", "ops": []})
 
 
 def handle(command: dict, ep: str, say) -> dict:
