@@ -32,6 +32,10 @@ I32, U32, I64, U64 = (
     np.dtype(np.uint64),
 )
 BOOL = np.dtype(bool)
+#: String tensors are numpy object arrays of ``str``.
+STR = np.dtype(object)
+#: The words string inputs are made of: empty, spaced, mixed case, digits, delimiters.
+WORDS = ("", "a", "ab", "B", "a b", "x,y", "Hello", " pad ", "1", "zz z", "ÄÖ", "a,b,,c")
 FLOATS = (F32, F16, F64)
 SIGNED = (I8, I16, I32, I64)
 UNSIGNED = (U8, U16, U32, U64)
@@ -148,6 +152,8 @@ class Builder:
     def data(self, dtype: np.dtype, shape: Sequence[int], *, special: bool = True) -> np.ndarray:
         """Random contents: floats with NaN, infinities, signed zeros and ties now and then."""
         dtype, shape, rng = np.dtype(dtype), tuple(shape), self.rng
+        if dtype == STR:
+            return np.array(WORDS, dtype=object)[rng.integers(len(WORDS), size=shape)]
         if dtype == BOOL:
             return rng.random(shape) < 0.5
         if dtype.kind in "iu":

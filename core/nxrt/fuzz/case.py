@@ -42,8 +42,8 @@ class Case:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         arrays = {MODEL_KEY: np.frombuffer(self.model.SerializeToString(), np.uint8)}
-        arrays |= {f"in.{k}": v for k, v in self.feeds.items()}
-        arrays |= {f"out.{k}": v for k, v in self.expected.items()}
+        arrays |= {f"in.{k}": _storable(v) for k, v in self.feeds.items()}
+        arrays |= {f"out.{k}": _storable(v) for k, v in self.expected.items()}
         arrays[NOTE_KEY] = np.array(self.note)
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
@@ -56,8 +56,8 @@ class Case:
     def load(cls, path: str | os.PathLike[str]) -> Case:
         with np.load(path, allow_pickle=False) as data:
             model = onnx.load_from_string(data[MODEL_KEY].tobytes())
-            feeds = {k[3:]: data[k] for k in data.files if k.startswith("in.")}
-            expected = {k[4:]: data[k] for k in data.files if k.startswith("out.")}
+            feeds = {k[3:]: _loaded(data[k]) for k in data.files if k.startswith("in.")}
+            expected = {k[4:]: _loaded(data[k]) for k in data.files if k.startswith("out.")}
             note = str(data[NOTE_KEY]) if NOTE_KEY in data.files else ""
         return cls(model, feeds, expected, note)
 
@@ -76,6 +76,15 @@ class Case:
                 f"  {node.op_type}({', '.join(node.input)}) -> {', '.join(node.output)} {attrs}"
             )
         return "\n".join(lines)
+
+
+def _storable(value: np.ndarray) -> np.ndarray:
+    """String tensors (object arrays) as numpy unicode, which needs no pickle."""
+    return value.astype(str) if value.dtype == object else value
+
+
+def _loaded(value: np.ndarray) -> np.ndarray:
+    return value.astype(object) if value.dtype.kind == "U" else value
 
 
 def _attr_text(attr: onnx.AttributeProto) -> object:

@@ -30,13 +30,6 @@ NOT_FUZZED = {
     "Multinomial": "random output",
     "Scatter": "deprecated at opset 11; cases start at opset 13",
     "Upsample": "deprecated at opset 10; cases start at opset 13 (Resize covers it)",
-    "StringConcat": "string tensors: not generated yet",
-    "StringNormalizer": "string tensors: not generated yet",
-    "StringSplit": "string tensors: not generated yet",
-    "RegexFullMatch": "string tensors: not generated yet",
-    "TfIdfVectorizer": "not generated yet",
-    "BitCast": "not generated yet",
-    "TensorScatter": "not generated yet",
 }
 
 #: The dtypes an EP other than cpu computes in: drawn most of the time for its cases.

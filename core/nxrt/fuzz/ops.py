@@ -23,6 +23,8 @@ from nxrt.fuzz.build import (
     F16,
     I32,
     I64,
+    STR,
+    WORDS,
     Builder,
     Skip,
     schema,
@@ -799,3 +801,100 @@ def scatter_nd(b: Builder, op: str) -> onnx.NodeProto:
 
 
 __all__ = ["GENERATORS", "Generator", "gen"]
+
+
+# -- strings, bit casts, caches -------------------------------------------------------------------
+
+
+@gen("StringNormalizer")
+def string_normalizer(b: Builder, op: str) -> onnx.NodeProto:
+    shape = b.choice([(b.dim(),), (1, b.dim())])
+    x = b.like(STR, shape)
+    stopwords = None if b.maybe(0.5) else list(b.rng.choice(WORDS[1:], size=b.int(1, 3)))
+    return b.node(
+        op,
+        [x],
+        case_change_action=None if b.maybe(0.3) else b.choice(["LOWER", "UPPER", "NONE"]),
+        is_case_sensitive=flag(b),
+        stopwords=stopwords,
+    )
+
+
+@gen("StringSplit")
+def string_split(b: Builder, op: str) -> onnx.NodeProto:
+    x = b.pick([STR], (0, 2))
+    delimiter = None if b.maybe(0.4) else b.choice([" ", ",", "b", ", "])
+    return b.node(
+        op, [x], n_out=2, delimiter=delimiter, maxsplit=None if b.maybe() else b.int(0, 2)
+    )
+
+
+@gen("RegexFullMatch")
+def regex_full_match(b: Builder, op: str) -> onnx.NodeProto:
+    pattern = b.choice(["[a-z]+", "a.*", ".*b", "\\d", "[A-Z][a-z]*", "(a|b)+ ?"])
+    return b.node(op, [b.pick([STR])], pattern=pattern)
+
+
+@gen("StringConcat")
+def string_concat(b: Builder, op: str) -> onnx.NodeProto:
+    x = b.pick([STR])
+    return b.node(op, [x, second(b, op, x)])
+
+
+@gen("TfIdfVectorizer")
+def tfidf_vectorizer(b: Builder, op: str) -> onnx.NodeProto:
+    strings = b.maybe(0.3)
+    pool_values: list = list(WORDS[1:6]) if strings else list(range(1, 6))
+    min_gram = b.int(1, 2)
+    max_gram = b.int(min_gram, 3)
+    pool, counts, next_index = [], [], 0
+    for n in range(1, max_gram + 1):
+        counts.append(len(pool))
+        grams = {tuple(b.choice(pool_values) for _ in range(n)) for _ in range(b.int(1, 3))}
+        for gram in sorted(grams):
+            pool.extend(gram)
+            next_index += 1
+    indexes = b.rng.permutation(next_index).tolist()
+    shape = b.choice([(b.int(1, 8),), (b.dim(hi=3), b.int(1, 8))])
+    if strings:
+        x = b.input(np.array(pool_values, dtype=object)[b.rng.integers(5, size=shape)])
+    else:
+        x = b.input(b.rng.integers(0, 6, shape).astype(b.choice([I32, I64])))
+    attrs = {
+        "min_gram_length": min_gram,
+        "max_gram_length": max_gram,
+        "max_skip_count": b.int(0, 2),
+        "mode": b.choice(["TF", "IDF", "TFIDF"]),
+        "ngram_counts": counts,
+        "ngram_indexes": indexes,
+        "pool_strings" if strings else "pool_int64s": pool,
+    }
+    if b.maybe(0.5):
+        attrs["weights"] = [round(float(w), 2) for w in b.rng.uniform(0.1, 2, next_index)]
+    return b.node(op, [x], **attrs)
+
+
+@gen("BitCast")
+def bit_cast(b: Builder, op: str) -> onnx.NodeProto:
+    x = b.pick(b.types(op))
+    width = b.value(x).dtype.itemsize
+    targets = [d for d in DTYPES if d.itemsize == width and d != BOOL]
+    if b.value(x).dtype == BOOL:
+        targets = [BOOL, *targets]
+    return b.node(op, [x], to=helper.np_dtype_to_tensor_dtype(b.choice(targets)))
+
+
+@gen("TensorScatter")
+def tensor_scatter(b: Builder, op: str) -> onnx.NodeProto:
+    dtype = b.choice(b.types(op))
+    batch, heads, capacity, width = b.dim(hi=3), b.dim(hi=2), b.int(1, 6), b.dim(hi=3)
+    cache = b.like(dtype, (batch, heads, capacity, width))
+    length = b.int(0, capacity)
+    update = b.like(dtype, (batch, heads, length, width))
+    mode = b.choice(["linear", "circular"])
+    top = capacity - length if mode == "linear" else capacity + 2
+    inputs = [cache, update]
+    if b.maybe(0.7):
+        inputs.append(b.param(op, 2, b.rng.integers(0, top + 1, batch)))
+    axis = b.choice([2, -2])
+    return b.node(op, inputs, mode=None if mode == "linear" and b.maybe() else mode, axis=axis)

@@ -91,15 +91,21 @@ def string_split(
     """Split each element; pieces are padded with ``""`` to the longest split.
 
     No (or an empty) delimiter splits on runs of whitespace, ignoring leading and
-    trailing whitespace; ``maxsplit`` bounds the number of splits per element.
-    Returns the pieces (shape ``x.shape + [max pieces]``) and the piece counts.
+    trailing whitespace, also after the last split ``maxsplit`` allows (Python's
+    ``str.split`` keeps it there; onnxruntime does not, and the spec says
+    nothing), and an empty string has no pieces; ``maxsplit`` bounds the number
+    of splits per element. Returns the
+    pieces (shape ``x.shape + [max pieces]``) and the piece counts.
     """
     x = _strings(x, "StringSplit")
     sep = _text(delimiter) if delimiter is not None else None
     if sep == "":
         sep = None
     limit = -1 if maxsplit is None else int(maxsplit)
-    pieces = [_text(s).split(sep, limit) for s in x.reshape(-1).tolist()]
+    # an empty string has no pieces, with a delimiter too (Python gives [""]; onnxruntime 0)
+    pieces = [_text(s).split(sep, limit) if _text(s) else [] for s in x.reshape(-1).tolist()]
+    if sep is None:
+        pieces = [p[:-1] + [p[-1].rstrip()] if p else p for p in pieces]
     counts = np.array([len(p) for p in pieces], dtype=np.int64).reshape(x.shape)
     width = max((len(p) for p in pieces), default=0)
     out = np.full((len(pieces), width), "", dtype=object)
@@ -188,13 +194,15 @@ def tf_idf_vectorizer(
             windows = x_ids[:, starts[:, None] + np.arange(size) * (skip + 1)]
             _count_matches(windows, grams, columns, counts)
 
+    w = np.float32(1)
+    if weights:  # "the i-th element in weights is the weight of the i-th n-gram in pool"
+        w = np.ones(output_size, dtype=np.float32)
+        w[np.asarray(ngram_indexes, dtype=np.int64)[: len(weights)]] = weights[: len(ngram_indexes)]
     if mode == "TF":
         out = counts.astype(np.float32)
     elif mode == "IDF":
-        w = np.asarray(weights, dtype=np.float32) if weights else np.float32(1)
         out = np.where(counts > 0, w, np.float32(0)).astype(np.float32)
     else:
-        w = np.asarray(weights, dtype=np.float32) if weights else np.float32(1)
         out = (counts * w).astype(np.float32)
     return out[0] if x.ndim < 2 else out
 
