@@ -26,6 +26,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
+
 def report(title: str, outcomes: Counter[str], capsys) -> None:
     """Print a test's outcome counts, and check that every example was counted."""
     with capsys.disabled():
