@@ -20,7 +20,9 @@ import numpy as np
 TOLERANCES: dict[np.dtype, tuple[float, float]] = {
     np.dtype(np.float16): (1e-2, 4e-3),
     np.dtype(np.float32): (1e-4, 1e-5),
-    np.dtype(np.float64): (1e-7, 1e-9),
+    # float64 within float32's reach: onnxruntime computes many double ops through float
+    # (windows, the float32 stash_type of the normalizations), as the spec sometimes asks
+    np.dtype(np.float64): (1e-6, 1e-7),
 }
 
 

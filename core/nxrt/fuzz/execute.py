@@ -74,11 +74,13 @@ def run_nxrt(
         raise NxrtCrashed(_last_lines(traceback.format_exc())) from exc
 
 
-def outputs_mismatch(case: Case, got: list[Any], expected: list[Any]) -> str:
+def outputs_mismatch(case: Case, got: list[Any], expected: list[Any], loose: float = 1.0) -> str:
+    """Why nxrt's outputs differ from onnxruntime's ('' when they agree); see
+    :func:`~nxrt.fuzz.compare.mismatch` for ``loose``."""
     if len(got) != len(expected):
         return f"{len(got)} outputs, expected {len(expected)}"
     for name, g, e in zip(case.output_names(), got, expected):
-        why = mismatch(g, e)
+        why = mismatch(g, e, loose=loose)
         if why:
             return f"output {name}: {why}"
     return ""

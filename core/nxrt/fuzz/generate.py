@@ -19,7 +19,7 @@ from nxrt.fuzz.case import Case, make_model
 from nxrt.fuzz.ops import GENERATORS
 
 #: Opsets a case is drawn at: the issue's 17 to 21 most often, older and newer ones too.
-OPSETS = (13, 15, 16, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21, 21, 22, 23, 24, 25, 26)
+OPSETS = (13, 15, 16, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21, 21, 22, 23, 24, 25, 26, 27, 28)
 
 #: Ops both runtimes have that the fuzzer leaves out, and why.
 NOT_FUZZED = {
@@ -28,6 +28,7 @@ NOT_FUZZED = {
     "RandomUniform": "random output",
     "RandomUniformLike": "random output",
     "Multinomial": "random output",
+    "Bernoulli": "random output",
     "Scatter": "deprecated at opset 11; cases start at opset 13",
     "Upsample": "deprecated at opset 10; cases start at opset 13 (Resize covers it)",
 }
@@ -41,14 +42,21 @@ KEEP_REFUSED = 0.15
 
 @functools.cache
 def ort_ops() -> frozenset[str]:
-    """Every ai.onnx op onnxruntime's CPU provider has a kernel for."""
+    """Every ai.onnx op onnxruntime's CPU provider runs: those it has a kernel for, and
+    those with an ONNX function body, which it inlines (HardSwish, GroupNormalization ...)."""
     from onnxruntime.capi import _pybind_state as C
 
-    return frozenset(
+    kernels = {
         d.op_name
         for d in C.get_all_opkernel_def()
         if d.provider == "CPUExecutionProvider" and d.domain in ("", "ai.onnx")
-    )
+    }
+    functions = {
+        s.name
+        for s in onnx.defs.get_all_schemas()
+        if s.domain in ("", "ai.onnx") and (s.has_function or s.has_context_dependent_function)
+    }
+    return frozenset(kernels | functions)
 
 
 @functools.cache

@@ -898,3 +898,135 @@ def tensor_scatter(b: Builder, op: str) -> onnx.NodeProto:
         inputs.append(b.param(op, 2, b.rng.integers(0, top + 1, batch)))
     axis = b.choice([2, -2])
     return b.node(op, inputs, mode=None if mode == "linear" and b.maybe() else mode, axis=axis)
+
+
+# -- ops onnxruntime runs through their function bodies ------------------------------------------
+
+
+@gen("HardSwish", "Mish")
+def function_unary(b: Builder, op: str) -> onnx.NodeProto:
+    return b.node(op, [b.pick(b.types(op))])
+
+
+@gen("Swish")
+def swish(b: Builder, op: str) -> onnx.NodeProto:
+    return b.node(op, [b.pick(b.types(op))], alpha=fl(b, 1.0, 0.1, 2.0))
+
+
+@gen("SwiGLU")
+def swiglu(b: Builder, op: str) -> onnx.NodeProto:
+    a = b.pick(b.types(op))
+    other = b.like(b.value(a).dtype, b.value(a).shape)
+    return b.node(op, [a, other], alpha=fl(b, 1.0, 0.1, 2.0))
+
+
+@gen("CastLike")
+def cast_like(b: Builder, op: str) -> onnx.NodeProto:
+    x = b.pick(b.types(op))
+    target = b.const(b.data(b.choice(b.types(op, 1)), (b.int(0, 2),), special=False))
+    saturate = flag(b, 0.7) if since(op, b) >= 19 else None
+    return b.node(op, [x, target], saturate=saturate)
+
+
+@gen("GroupNormalization")
+def group_normalization(b: Builder, op: str) -> onnx.NodeProto:
+    dtype = b.choice(b.types(op))
+    groups = b.int(1, 3)
+    c = groups * b.int(1, 2)
+    x = b.like(dtype, (b.dim(hi=2), c, *b.shape(b.int(0, 2), lo=1, hi=4)))
+    per = c if since(op, b) >= 21 else groups  # opset 18 scales per group, 21 per channel
+    scale, bias = (b.like(dtype, (per,), fresh=0.9) for _ in range(2))
+    return b.node(
+        op,
+        [x, scale, bias],
+        num_groups=groups,
+        epsilon=fl(b, 1e-5, 1e-6, 0.1),
+        stash_type=None if b.maybe(0.7) or since(op, b) < 21 else 1,
+    )
+
+
+@gen("CenterCropPad")
+def center_crop_pad(b: Builder, op: str) -> onnx.NodeProto:
+    x = b.pick(b.types(op), (1, 4))
+    rank = b.value(x).ndim
+    axes = b.axes(rank, lo=1) if b.maybe(0.6) else list(range(rank))
+    shape = [b.int(0, 6) for _ in axes]
+    return b.node(
+        op,
+        [x, b.param(op, 1, shape, b.choice([I32, I64]))],
+        axes=None if axes == list(range(rank)) and b.maybe() else axes,
+    )
+
+
+def loss_inputs(b: Builder, op: str) -> tuple[list[str], int]:
+    """Scores ``(N, C, d...)`` and integer targets ``(N, d...)`` (some ``ignore_index``)."""
+    dtype = b.choice(b.types(op))
+    n, c = b.dim(hi=3), b.int(1, 4)
+    extra = b.shape(b.int(0, 2), hi=3)
+    scores = b.like(dtype, (n, c, *extra))
+    ignore = b.int(0, c - 1) if b.maybe(0.3) else None
+    target = b.rng.integers(0, c, (n, *extra)).astype(b.choice(b.types(op, 1)))
+    inputs = [scores, b.input(target)]
+    if b.maybe(0.4):
+        inputs.append(b.const(b.rng.uniform(0.1, 2, c).astype(dtype)))
+    return inputs, ignore
+
+
+@gen("NegativeLogLikelihoodLoss")
+def nll_loss(b: Builder, op: str) -> onnx.NodeProto:
+    inputs, ignore = loss_inputs(b, op)
+    reduction = None if b.maybe(0.3) else b.choice(["none", "sum", "mean"])
+    return b.node(op, inputs, reduction=reduction, ignore_index=ignore)
+
+
+@gen("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy(b: Builder, op: str) -> onnx.NodeProto:
+    inputs, ignore = loss_inputs(b, op)
+    reduction = None if b.maybe(0.3) else b.choice(["none", "sum", "mean"])
+    return b.node(op, inputs, n_out=b.int(1, 2), reduction=reduction, ignore_index=ignore)
+
+
+@gen("CausalConvWithState")
+def causal_conv_with_state(b: Builder, op: str) -> onnx.NodeProto:
+    dtype = b.choice(b.types(op))
+    batch, channels, length, k = b.dim(hi=2), b.dim(hi=3), b.int(1, 5), b.int(1, 4)
+    inputs = [b.like(dtype, (batch, channels, length)), b.like(dtype, (channels, 1, k))]
+    if b.maybe(0.6):
+        inputs.append(b.like(dtype, (channels,)) if b.maybe(0.7) else "")
+        if b.maybe(0.6):
+            inputs.append(b.like(dtype, (batch, channels, k - 1)))
+    while inputs[-1] == "":
+        inputs.pop()
+    activation = None if b.maybe(0.5) else b.choice(["none", "silu", "swish"])
+    return b.node(op, inputs, n_out=b.int(1, 2), activation=activation)
+
+
+@gen("LinearAttention")
+def linear_attention(b: Builder, op: str) -> onnx.NodeProto:
+    dtype = b.choice(b.types(op))
+    batch, steps, kv_heads = b.dim(hi=2), b.int(1, 4), b.choice([1, 2])
+    q_heads = kv_heads * b.choice([1, 2])
+    dk, dv = b.int(1, 3), b.int(1, 3)
+    rule = b.choice(["linear", "gated", "delta", "gated_delta"])
+    q = b.like(dtype, (batch, steps, q_heads * dk))
+    k = b.like(dtype, (batch, steps, kv_heads * dk))
+    v = b.like(dtype, (batch, steps, kv_heads * dv))
+    state = b.input(b.data(dtype, (batch, kv_heads, dk, dv), special=False)) if b.maybe() else ""
+    decay = ""
+    if "gated" in rule:
+        decay = b.input(-np.abs(b.data(dtype, (batch, steps, kv_heads * dk), special=False)))
+    beta = ""
+    if "delta" in rule:
+        beta = b.input(b.rng.uniform(0, 1, (batch, steps, kv_heads)).astype(dtype))
+    inputs = [q, k, v, state, decay, beta]
+    while inputs[-1] == "":
+        inputs.pop()
+    return b.node(
+        op,
+        inputs,
+        n_out=b.int(1, 2),
+        q_num_heads=q_heads,
+        kv_num_heads=kv_heads,
+        update_rule=rule,
+        scale=None if b.maybe(0.6) else 0.5,
+    )

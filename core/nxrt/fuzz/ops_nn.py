@@ -922,3 +922,35 @@ def scan(b: Builder, op: str) -> onnx.NodeProto:
         scan_input_directions=None if b.maybe(0.5) else [b.int(0, 1)],
         scan_output_directions=None if b.maybe(0.5) else [b.int(0, 1)],
     )
+
+
+@gen("SequenceMap")
+def sequence_map(b: Builder, op: str) -> list[onnx.NodeProto]:
+    """Items of one shape mapped by a one-node body (a unary op, or Add with an extra
+    input), then read back with SequenceAt or ConcatFromSequence."""
+    x = b.pick([F32], (1, 3), lo=1)
+    value = b.value(x)
+    items = [x] + [b.like(value.dtype, value.shape, fresh=0.7) for _ in range(b.int(0, 2))]
+    made = b.node("SequenceConstruct", items)
+    elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+    item_in, extra_in, item_out = b.out(), b.out(), b.out()
+    inputs = [made.output[0]]
+    body_inputs = [helper.make_tensor_value_info(item_in, elem, None)]
+    if b.maybe(0.5):
+        body = [helper.make_node("Add", [item_in, extra_in], [item_out])]
+        body_inputs.append(helper.make_tensor_value_info(extra_in, elem, None))
+        inputs.append(b.like(value.dtype, b.broadcast_shape(value.shape)))
+    else:
+        body = [
+            helper.make_node(b.choice(["Neg", "Relu", "Sigmoid", "Abs"]), [item_in], [item_out])
+        ]
+    graph = helper.make_graph(
+        body, "map", body_inputs, [helper.make_tensor_value_info(item_out, elem, None)]
+    )
+    mapped = b.node(op, inputs, body=graph)
+    if b.maybe(0.5):
+        at = b.int(-len(items), len(items) - 1)
+        read = b.node("SequenceAt", [mapped.output[0], b.param("SequenceAt", 1, at)])
+    else:
+        read = b.node("ConcatFromSequence", [mapped.output[0]], axis=0, new_axis=flag(b))
+    return [made, mapped, read]

@@ -16,16 +16,21 @@ _EPSILON = float(np.float32(1e-5))  # the schema default, a float32 value
 
 
 def _stash(stash_type: int, dtype: np.dtype) -> np.dtype:
-    """The dtype for the statistics: ``stash_type``, widened to ``dtype`` if that is wider."""
+    """The dtype the statistics are computed in: ``stash_type``, as the spec's function
+    bodies cast to it, also when ``dtype`` is wider (float64 with the default float32)."""
     try:
         stash = np.dtype(tensor_dtype_to_np_dtype(stash_type))
     except (KeyError, ValueError) as exc:
         raise KernelFailed(f"stash_type {stash_type} is not a tensor dtype") from exc
     if stash.kind != "f" and stash.kind != "V":
         raise KernelFailed(f"stash_type {stash_type} must be a floating-point dtype")
-    if dtype.kind == "f" and dtype.itemsize > stash.itemsize:
-        return dtype
     return stash
+
+
+def _at_least_float32(dtype: np.dtype) -> np.dtype:
+    """The dtype statistics of an op without ``stash_type`` are computed in: the input's,
+    widened to float32 (float16 sums lose digits)."""
+    return dtype if dtype.kind == "f" and dtype.itemsize > 4 else np.dtype(np.float32)
 
 
 def _axis(axis: int, rank: int) -> int:
@@ -59,9 +64,11 @@ def layer_normalization(
     var = np.mean(np.square(y), axis=axes, keepdims=True)
     inv_std = 1 / np.sqrt(var + work.type(epsilon))
     y *= inv_std
-    y *= scale.astype(work, copy=False)
+    stage2 = np.result_type(x.dtype, work)  # the spec applies scale and bias in x's type
+    y = y.astype(stage2, copy=False)
+    y *= scale.astype(stage2, copy=False)
     if b is not None:
-        y += b.astype(work, copy=False)
+        y += b.astype(stage2, copy=False)
     return (
         y.astype(x.dtype, copy=False),
         mean.astype(out_stash, copy=False),
@@ -105,12 +112,13 @@ def _group_norm(
         raise KernelFailed(f"num_groups {num_groups} must divide the channel count {c}")
     xw = x.astype(work, copy=False).reshape(n, num_groups, -1)
     mean = np.mean(xw, axis=-1, keepdims=True)
-    diff = xw - mean
-    var = np.mean(diff * diff, axis=-1, keepdims=True)
-    normed = (diff / np.sqrt(var + work.type(epsilon))).reshape(x.shape)
+    # the spec's function: Var = E[x^2] - E[x]^2 (not E[(x - mean)^2]), rounded as it rounds
+    var = np.mean(xw * xw, axis=-1, keepdims=True) - mean * mean
+    normed = ((xw - mean) / np.sqrt(var + work.type(epsilon))).reshape(x.shape)
     shape = (c,) + (1,) * (x.ndim - 2)
-    y = normed * scale.astype(work, copy=False).reshape(shape)
-    y += bias.astype(work, copy=False).reshape(shape)
+    stage2 = np.result_type(x.dtype, work)  # the spec applies scale and bias in x's type
+    y = normed.astype(stage2, copy=False) * scale.astype(stage2, copy=False).reshape(shape)
+    y += bias.astype(stage2, copy=False).reshape(shape)
     return y.astype(x.dtype, copy=False)
 
 
@@ -129,7 +137,7 @@ def group_normalization_18(
     if scale.size == num_groups and bias.size == num_groups and num_groups and c % num_groups == 0:
         scale = np.repeat(scale.reshape(-1), c // num_groups)
         bias = np.repeat(bias.reshape(-1), c // num_groups)
-    work = _stash(1, x.dtype)
+    work = _at_least_float32(x.dtype)
     return _group_norm(x, scale, bias, num_groups, epsilon, work)
 
 
@@ -161,7 +169,7 @@ def instance_normalization(
     """Normalise each (sample, channel) plane over its spatial axes, then scale and shift."""
     if x.ndim < 3:
         raise KernelFailed(f"InstanceNormalization needs (N, C, D1, ...), got shape {x.shape}")
-    work = _stash(1, x.dtype)
+    work = _at_least_float32(x.dtype)
     axes = tuple(range(2, x.ndim))
     xw = x.astype(work, copy=False)
     mean = np.mean(xw, axis=axes, keepdims=True)
@@ -177,7 +185,7 @@ def instance_normalization(
 def lp_normalization(x: np.ndarray, /, *, axis: int = -1, p: int = 2) -> np.ndarray:
     """``x`` divided by its L1 or L2 norm along ``axis``; a zero norm gives zeros."""
     axis = _axis(axis, x.ndim)
-    work = _stash(1, x.dtype)
+    work = _at_least_float32(x.dtype)
     xw = x.astype(work, copy=False)
     if p == 1:
         norm = np.sum(np.abs(xw), axis=axis, keepdims=True)
@@ -204,7 +212,7 @@ def mean_variance_normalization(x: np.ndarray, /, *, axes: list[int] = _MVN_AXES
     if axes is _MVN_AXES:
         axes = [a for a in axes if a < x.ndim]
     axes = tuple(sorted(_axis(int(a), x.ndim) for a in axes))
-    work = _stash(1, x.dtype)
+    work = _at_least_float32(x.dtype)
     xw = x.astype(work, copy=False)
     mean = np.mean(xw, axis=axes, keepdims=True)
     mean_square = np.mean(xw * xw, axis=axes, keepdims=True)
