@@ -158,10 +158,12 @@ def conv_transpose(
             begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
         elif auto_pad == "NOTSET" and output_shape:
             # the spec: a given output_shape generates the pads (explicit ones are ignored),
-            # the odd one at the start: pads[start] = total - total / 2
+            # the odd one at the start: pads[start] = total - total / 2; a larger output
+            # than the full result (a negative total) is zero-extended at its end, as in
+            # onnxruntime and onnx.reference
             size = output_shape[i]
             total = full[i] + extra[i] - size
-            begin.append(total - total // 2)
+            begin.append(max(total - total // 2, 0))
         elif auto_pad in ("NOTSET", "VALID"):
             p = pads if pads and auto_pad == "NOTSET" else (0,) * (2 * rank)
             if len(p) != 2 * rank:
