@@ -116,3 +116,37 @@ def test_compiled_nms_keeps_what_the_numpy_reference_keeps(seed):
         for limit in (1, 5, n):
             want = greedy_nms(corners, order, threshold, limit)
             assert _keep(corners, order, threshold, limit) == want
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs"),
+    [
+        ("ConstantOfShape", {"shape": np.array([2**20, 2**20, 2**10], np.int64)}),
+        ("Expand", {"x": np.ones((1, 1), np.float32), "shape": np.array([2**30, 2**30])}),
+        ("Tile", {"x": np.ones((2, 2), np.float32), "repeats": np.array([2**30, 2**30])}),
+        (
+            "Range",
+            {
+                "start": np.array(0, np.int64),
+                "limit": np.array(2**62, np.int64),
+                "delta": np.array(1, np.int64),
+            },
+        ),
+    ],
+)
+def test_outputs_sized_by_values_are_checked_before_allocating(op, inputs):
+    """A small model can ask for an output of any size; one bigger than the machine is an
+    OutOfMemory before numpy allocates (with overcommit it would be an OOM kill later)."""
+    graph = helper.make_graph(
+        [helper.make_node(op, list(inputs), ["y"])],
+        "g",
+        [],
+        [helper.make_value_info("y", onnx.TypeProto())],
+        [onnx.numpy_helper.from_array(v, k) for k, v in inputs.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = nxrt.InferenceSession(model.SerializeToString(), providers=["cpu"])
+    with pytest.raises(KernelFailed, match="OutOfMemory") as caught:
+        session.run(None, {})
+    assert isinstance(caught.value.__cause__, OutOfMemory)
+    assert caught.value.__cause__.requested > (available_memory() or 0)

@@ -162,7 +162,28 @@ def check_allocation(nbytes: int, budget: int | None = None) -> None:
         raise OutOfMemory(nbytes, min(limits))
 
 
-__all__ = ["MemoryGovernor", "available_memory", "check_allocation", "parse_bytes"]
+#: Arrays smaller than this are not checked by :func:`check_elements`: nothing that small can
+#: exhaust a machine, and reading its free memory costs more than allocating them.
+CHECK_FROM = 64 << 20
+
+
+def check_elements(count: int, itemsize: int, budget: int | None = None) -> None:
+    """:func:`check_allocation` for an array of ``count`` elements of ``itemsize`` bytes,
+    for kernels whose output size comes from an input's values (ConstantOfShape, Expand,
+    Tile, Range, OneHot); small arrays skip the check."""
+    nbytes = int(count) * int(itemsize)
+    if nbytes >= CHECK_FROM or (budget is not None and nbytes > budget):
+        check_allocation(nbytes, budget)
+
+
+__all__ = [
+    "CHECK_FROM",
+    "MemoryGovernor",
+    "available_memory",
+    "check_allocation",
+    "check_elements",
+    "parse_bytes",
+]
 
 
 class Workspace:

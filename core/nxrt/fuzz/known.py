@@ -230,9 +230,9 @@ def _closer_to_float64(case: Case, got: list[Any] | str) -> bool:
 
 
 def _convtranspose_zero_extended(case: Case, got: list[Any] | str) -> bool:
-    """nxrt's output is onnxruntime's (the full result, where the padding is negative)
-    placed where the spec's pads put it, ``pads[start] = total // 2`` (SAME_UPPER) or
-    ``total - total // 2`` (SAME_LOWER), and zero elsewhere."""
+    """nxrt's output is onnxruntime's full result (where the padding is negative) placed
+    where the spec's pads put it, ``pads[start] = total // 2`` (SAME_UPPER) or
+    ``total - total // 2`` (SAME_LOWER), and the bias (or zero) elsewhere."""
     if isinstance(got, str) or not case.expected:
         return False
     node = case.model.graph.node[0]
@@ -248,16 +248,19 @@ def _convtranspose_zero_extended(case: Case, got: list[Any] | str) -> bool:
     if len(node.input) > 2 and node.input[2]:  # the extension holds the bias alone
         bias = (case.feeds | init)[node.input[2]]
         want += bias.reshape((1, -1) + (1,) * rank).astype(want.dtype)
-    window = [slice(None), slice(None)]
+    window, source = [slice(None), slice(None)], [slice(None), slice(None)]
     for i in range(rank):
         length = (
             strides[i] * (x.shape[2 + i] - 1) + extra[i] + (w.shape[2 + i] - 1) * dilations[i] + 1
         )
-        total = length - x.shape[2 + i] * strides[i]
+        total = length - _same_target(a, x)[i]
         start = total // 2 if a["auto_pad"] == b"SAME_UPPER" else total - total // 2
-        window.append(slice(-start, -start + full.shape[2 + i]) if total < 0 else slice(None))
+        # onnxruntime's output starts with the full result (padded at the end to an
+        # output_shape); the spec's places it at -start
+        window.append(slice(-start, -start + length) if total < 0 else slice(None))
+        source.append(slice(0, length) if total < 0 else slice(None))
     try:
-        want[tuple(window)] = full
+        want[tuple(window)] = full[tuple(source)]
     except ValueError:
         return False
     return not mismatch(got[0], want)
@@ -532,11 +535,22 @@ def _same_padding_negative(node: onnx.NodeProto, inputs: Inputs) -> bool:
     strides = a.get("strides", [1] * rank)
     dilations = a.get("dilations", [1] * rank)
     extra = a.get("output_padding", [0] * rank)
+    target = _same_target(a, x)
     return any(
         strides[i] * (x.shape[2 + i] - 1) + extra[i] + (w.shape[2 + i] - 1) * dilations[i] + 1
-        < x.shape[2 + i] * strides[i]
+        < target[i]
         for i in range(rank)
     )
+
+
+def _same_target(a: dict[str, Any], x: np.ndarray) -> list[int]:
+    """The spatial output a SAME ConvTranspose asks for: output_shape, else in * stride."""
+    rank = x.ndim - 2
+    shape = list(a.get("output_shape", []))
+    if shape:
+        return shape[-rank:]
+    strides = a.get("strides", [1] * rank)
+    return [x.shape[2 + i] * strides[i] for i in range(rank)]
 
 
 def _mvn_axes(node: onnx.NodeProto, x: np.ndarray) -> tuple[int, ...]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from nxrt.errors import KernelFailed
+from nxrt.memory import check_elements
 from nxrt_ep_cpu.ops._registry import op
 
 
@@ -14,6 +17,7 @@ def constant_of_shape(shape: np.ndarray, /, *, value: np.ndarray | None = None) 
     dims = tuple(int(d) for d in shape.reshape(-1))
     if any(d < 0 for d in dims):
         raise KernelFailed(f"ConstantOfShape: shape {list(dims)} has a negative dimension")
+    check_elements(math.prod(dims), 4 if value is None else np.asarray(value).itemsize)
     if value is None:
         return np.zeros(dims, dtype=np.float32)
     value = np.asarray(value)

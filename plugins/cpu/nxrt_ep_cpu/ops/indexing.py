@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from nxrt.errors import KernelFailed
+from nxrt.memory import check_elements
 from nxrt_ep_cpu.ops._registry import op
 
 _REDUCTIONS = {
@@ -326,6 +327,7 @@ def one_hot(
     if not -rank - 1 <= axis <= rank:
         raise KernelFailed(f"OneHot: axis {axis} is out of range for output rank {rank + 1}")
     axis = axis % (rank + 1)
+    check_elements(indices.size * max(depth, 0), max(values.itemsize, 1) + 1)  # + the mask
     index = np.asarray(indices)
     if not np.issubdtype(index.dtype, np.integer):
         index = np.trunc(index.astype(np.float64))

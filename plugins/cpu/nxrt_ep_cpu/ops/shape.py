@@ -144,8 +144,26 @@ def slice_(
     return _slice(data, starts, ends, axes, steps)
 
 
+def _bounds(start: int, end: int, step: int, size: int) -> slice:
+    """One axis's slice after the spec's clamping: [0, size] stepping forward, start in
+    [0, size - 1] and end in [-1, size - 1] stepping backward."""
+    start, end = start + size if start < 0 else start, end + size if end < 0 else end
+    if step > 0:
+        return slice(min(max(start, 0), size), min(max(end, 0), size), step)
+    if size == 0:
+        return slice(0, 0)
+    end = min(max(end, -1), size - 1)
+    return slice(min(max(start, 0), size - 1), None if end < 0 else end, step)
+
+
 def _slice(data: np.ndarray, starts, ends, axes, steps) -> np.ndarray:
-    """Python slicing clamps out-of-range bounds exactly as ONNX specifies; copy the result."""
+    """ONNX's clamping, then Python slicing; a copy of the result.
+
+    Python clamps a start before the first element to "nothing" when stepping
+    backward, where ONNX clamps it to the first element ([0, dim - 1]), so the
+    bounds are clamped here first; an end of -1 (before the first element) is
+    then written as ``None``.
+    """
     starts, ends = _axes(starts), _axes(ends)
     axes = range(len(starts)) if axes is None else _axes(axes)
     steps = (1,) * len(starts) if steps is None else _axes(steps)
@@ -158,5 +176,5 @@ def _slice(data: np.ndarray, starts, ends, axes, steps) -> np.ndarray:
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         if step == 0:
             raise KernelFailed("Slice: steps must not be 0")
-        index[axis] = slice(start, end, step)
+        index[axis] = _bounds(start, end, step, data.shape[axis])
     return data[tuple(index)].copy()

@@ -10,6 +10,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from nxrt.errors import KernelFailed
+from nxrt.memory import check_elements
 from nxrt_ep_cpu.ops._registry import op
 
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
@@ -96,6 +97,9 @@ def _pad(data: np.ndarray, pads, mode: str, value, axes) -> np.ndarray:
         return np.pad(data, width, mode="constant", constant_values=fill).astype(
             data.dtype, copy=False
         )
+    out = tuple(d + b + e for d, (b, e) in zip(data.shape, width, strict=True))
+    if 0 in out:  # nothing to fill: an empty axis elsewhere leaves no values to copy
+        return np.zeros(out, dtype=data.dtype)
     for axis, (b, e) in enumerate(width):
         if (b or e) and data.shape[axis] == 0:
             raise KernelFailed(f"Pad: cannot {mode}-pad axis {axis}, which is empty")
@@ -119,6 +123,7 @@ def tile(data: np.ndarray, repeats: np.ndarray, /) -> np.ndarray:
     repeats = _ints(repeats)
     if len(repeats) != data.ndim:
         raise KernelFailed(f"Tile: repeats {repeats} must have one value per axis ({data.ndim})")
+    check_elements(data.size * math.prod(max(r, 0) for r in repeats), data.itemsize)
     return np.tile(data, repeats)
 
 
@@ -126,6 +131,7 @@ def tile(data: np.ndarray, repeats: np.ndarray, /) -> np.ndarray:
 def expand(data: np.ndarray, shape: np.ndarray, /) -> np.ndarray:
     """Broadcast the input against ``shape`` (either side's 1s stretch)."""
     target = np.broadcast_shapes(data.shape, tuple(_ints(shape)))
+    check_elements(math.prod(target), data.itemsize)
     return np.broadcast_to(data, target).copy()
 
 
@@ -153,6 +159,7 @@ def _range(start, limit, delta, stash_type) -> np.ndarray:
         if step == 0:
             raise KernelFailed("Range: delta must not be 0")
         count = max(-(-(stop - first) // step), 0)
+        check_elements(count, 8)
         return (first + np.arange(count, dtype=np.int64) * step).astype(dtype)
     compute = np.float64
     if stash_type is not None and dtype.itemsize == 2:
@@ -165,6 +172,7 @@ def _range(start, limit, delta, stash_type) -> np.ndarray:
     if step == 0:
         raise KernelFailed("Range: delta must not be 0")
     count = max(int(np.ceil((stop - first) / step)), 0)
+    check_elements(count, 8)
     return (first + np.arange(count, dtype=compute) * step).astype(dtype)
 
 
