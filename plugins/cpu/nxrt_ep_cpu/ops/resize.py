@@ -230,8 +230,8 @@ def _source_coordinates(
         offset = in_size / 2 * (1 - out_size / scaled_size)
         return offset + (y + 0.5) / scale - 0.5, None
     if mode == "pytorch_half_pixel":
-        if scaled_size == 1:
-            return np.full(out_size, -0.5), None
+        if scaled_size == 1:  # the spec: "length_resized > 1 ? ... : 0" (onnxruntime too)
+            return np.zeros(out_size), None
         return (y + 0.5) / scale - 0.5, None
     if mode == "align_corners":
         if scaled_size == 1:
