@@ -292,13 +292,15 @@ def _crop_on_unscaled_axis(node: onnx.NodeProto, inputs: Inputs) -> bool:
 
 
 def _resize_integers_in_float32(node: onnx.NodeProto, inputs: Inputs) -> bool:
-    """An integer Resize that float32 cannot carry: values beyond 2**24, or negative
-    values through antialiasing (which onnxruntime clamps to [0, 255])."""
+    """An integer Resize that float32 cannot carry: values beyond 2**24, or values outside
+    [0, 255] through antialiasing or cubic weights (onnxruntime clamps them to it)."""
     x = inputs[0]
     if x is None or x.dtype.kind not in "iu" or not x.size:
         return False
+    a = attrs_of(node)
     wide = np.abs(x.astype(np.float64)).max() > 2**24
-    return wide or (bool(attrs_of(node).get("antialias")) and (x.min() < 0 or x.max() > 255))
+    clamped = bool(a.get("antialias")) or a.get("mode") == b"cubic"
+    return wide or (clamped and (x.min() < 0 or x.max() > 255))
 
 
 def _as_float64_resize(case: Case, got: list[Any] | str) -> bool:
@@ -448,16 +450,27 @@ def _wide_integers(node: onnx.NodeProto, inputs: Inputs) -> bool:
 
 
 def _fractional_output_width(node: onnx.NodeProto, inputs: Inputs) -> bool:
-    """Resize by ``scales`` in a mode whose formula divides by the output width, where
-    ``scale * input length`` is not a whole number."""
-    mode = attrs_of(node).get("coordinate_transformation_mode", b"half_pixel")
-    scales = inputs[2] if len(inputs) > 2 else None
+    """Resize by ``scales`` (or by ``sizes`` under an aspect policy, which makes one
+    scale) in a mode whose formula divides by the output width, where ``scale * input
+    length`` is not a whole number."""
+    a = attrs_of(node)
+    mode = a.get("coordinate_transformation_mode", b"half_pixel")
+    x = inputs[0]
+    scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros(0)
+    sizes = inputs[3] if len(inputs) > 3 and inputs[3] is not None else np.zeros(0)
     if mode not in (b"align_corners", b"tf_crop_and_resize", b"pytorch_half_pixel"):
         return False
-    if scales is None or not scales.size or inputs[0] is None:
+    if x is None:
         return False
-    axes = attrs_of(node).get("axes") or range(inputs[0].ndim)
-    widths = [float(s) * inputs[0].shape[a] for s, a in zip(scales.reshape(-1), axes)]
+    axes = [ax % x.ndim for ax in a.get("axes") or range(x.ndim)]
+    policy = a.get("keep_aspect_ratio_policy", b"stretch")
+    if sizes.size and policy != b"stretch":  # one scale for every axis, from the sizes
+        ratios = [int(n) / x.shape[ax] for n, ax in zip(sizes.reshape(-1), axes) if x.shape[ax]]
+        common = (min if policy == b"not_larger" else max)(ratios, default=1.0)
+        scales = np.full(len(axes), common)
+    if not scales.size:
+        return False
+    widths = [float(s) * x.shape[ax] for s, ax in zip(scales.reshape(-1), axes)]
     return any(w != int(w) for w in widths)
 
 
@@ -504,6 +517,21 @@ def _nonzero_of_scalar(case: Case, got: list[Any] | str) -> bool:
     if x is None:
         x = onnx.numpy_helper.to_array(case.model.graph.initializer[0])
     return len(got) == 1 and got[0].shape == (0, int(x != 0))
+
+
+def _empty_window(node: onnx.NodeProto, inputs: Inputs) -> bool:
+    return len(node.output) > 1 and bool(node.output[1])
+
+
+def _indices_of_empty_windows(case: Case, got: list[Any] | str) -> bool:
+    """The values agree with onnxruntime's, and every index that differs is nxrt's -1 for
+    a window that holds padding alone (no element to point at)."""
+    if isinstance(got, str) or len(got) < 2 or len(case.expected) < 2:
+        return False
+    values, indices = list(case.expected.values())[:2]
+    if mismatch(got[0], values) or got[1].shape != indices.shape:
+        return False
+    return bool(np.all((got[1] == indices) | (got[1] == -1)))
 
 
 def _unpool_shape_given(node: onnx.NodeProto, inputs: Inputs) -> bool:
@@ -818,9 +846,9 @@ KNOWN: list[KnownDifference] = [
         "resize-integers-in-float32",
         ("Resize",),
         "an integer Resize of values beyond 2**24, or of values outside [0, 255] with "
-        "antialias: nxrt interpolates in float64 and saturates to the integer type; "
-        "onnxruntime interpolates in float32 (losing the low bits) and its antialiased "
-        "path clamps to [0, 255] whatever the type, so int8 -100 becomes 0",
+        "antialias or cubic weights: nxrt interpolates in float64 and saturates to the "
+        "integer type; onnxruntime interpolates in float32 (losing the low bits) and its "
+        "antialiased and cubic paths clamp to [0, 255] whatever the type (int8 -100 is 0)",
         _resize_integers_in_float32,
         _as_float64_resize,
     ),
@@ -885,6 +913,15 @@ KNOWN: list[KnownDifference] = [
         "(0, N)\"; onnxruntime returns numpy's (1, N)",
         _scalar_input,
         _nonzero_of_scalar,
+    ),
+    KnownDifference(
+        "maxpool-index-of-padding",
+        ("MaxPool",),
+        "a MaxPool window that holds padding alone (a dilated kernel over a tiny input): "
+        "it has no element for the Indices output to point at; nxrt gives -1, "
+        "onnxruntime another negative number (its offset into the padding)",
+        _empty_window,
+        _indices_of_empty_windows,
     ),
     KnownDifference(
         "maxunpool-output-shape",

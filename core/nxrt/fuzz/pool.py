@@ -32,7 +32,17 @@ import numpy as np
 import onnx
 
 from nxrt.fuzz.case import Case
-from nxrt.fuzz.run import CRASH, FAILURES, FUZZER_ERROR, HANG, KINDS, ORT_CRASH, Outcome
+from nxrt.fuzz.run import (
+    CRASH,
+    DRIFT,
+    FAILURES,
+    FUZZER_ERROR,
+    HANG,
+    KINDS,
+    KNOWN,
+    ORT_CRASH,
+    Outcome,
+)
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -143,6 +153,9 @@ class Report:
     ep_cases: int = 0
     ep_nodes: int = 0
     fuzzer_errors: list[tuple[int, str]] = field(default_factory=list)
+    #: Known differences by entry id, and the cases that drifted (index, why).
+    known: Counter[str] = field(default_factory=Counter)
+    drifts: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def cases(self) -> int:
@@ -179,6 +192,8 @@ class Report:
                 }
                 for f in self.findings
             ],
+            "known": dict(self.known.most_common()),
+            "drifts": [{"index": i, "detail": d} for i, d in sorted(self.drifts)],
         }
 
 
@@ -229,9 +244,13 @@ def fuzz(
                     report.ep_nodes += on_ep
                     if progress:
                         progress(report)
-                if outcome.kind == FUZZER_ERROR:
-                    with lock:
+                with lock:
+                    if outcome.kind == FUZZER_ERROR:
                         report.fuzzer_errors.append((index, outcome.detail))
+                    elif outcome.kind == KNOWN:
+                        report.known[outcome.detail.split(":", 1)[0]] += 1
+                    elif outcome.kind == DRIFT:
+                        report.drifts.append((index, outcome.detail))
                 if outcome.kind not in FAILURES:
                     continue
                 finding = Finding(seed, index, outcome)

@@ -254,6 +254,8 @@ def _max_with_indices(
         indices += (start * scale[axis]).reshape(shape)
     planes = np.arange(n * c, dtype=np.int64) * math.prod(spatial)
     indices += planes.reshape((n, c) + (1,) * rank)
+    if padded:  # a window of padding alone has no element to point at
+        indices[first == taps] = -1
     return y, indices
 
 

@@ -147,13 +147,41 @@ def quantize_linear_10(
     return _quantize(x, y_scale, y_zero_point)
 
 
-# Opset 13 on: one function for every version, whose attributes each version's are a
-# subset of, with the same defaults (the ONNX checker refuses the others). 19 adds float8
-# and ``saturate``, 21 blocks, ``output_dtype`` and 4/16-bit integers, 23 ``precision``
-# (the dtype of the division) and float4/6 and 2-bit outputs.
+# Opset 13 on: two functions, each serving versions whose attributes are a subset of its
+# own, with the same defaults (the ONNX checker refuses the others). 19 adds float8 and
+# ``saturate``, 21 blocks, ``output_dtype`` and 4/16-bit integers, 23 ``precision`` (the
+# dtype of the division) and float4/6 and 2-bit outputs.
 
 
-@op("QuantizeLinear", since=(13, 19, 21, 23, 24, 25, 28))
+@op("QuantizeLinear", since=(13, 19, 21))
+def quantize_linear_13(
+    x: np.ndarray,
+    y_scale: np.ndarray,
+    y_zero_point: np.ndarray | None = None,
+    /,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: int = 0,
+    saturate: int = 1,
+) -> np.ndarray:
+    """Quantisation before opset 23, which says nothing of the division's precision: a
+    float16 scale divides in float32, as onnxruntime does (from 23, ``precision`` or the
+    scale's own type decides)."""
+    wide = np.float32 if y_scale.dtype.itemsize < 4 else y_scale.dtype
+    return _quantize(
+        x,
+        y_scale,
+        y_zero_point,
+        axis=axis,
+        saturate=saturate,
+        block_size=block_size,
+        output_dtype=output_dtype,
+        precision=helper.np_dtype_to_tensor_dtype(np.dtype(wide)),
+    )
+
+
+@op("QuantizeLinear", since=(23, 24, 25, 28))
 def quantize_linear(
     x: np.ndarray,
     y_scale: np.ndarray,
