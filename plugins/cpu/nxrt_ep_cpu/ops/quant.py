@@ -168,17 +168,12 @@ def quantize_linear_13(
     """Quantisation before opset 23, which says nothing of the division's precision: a
     float16 scale divides in float32, as onnxruntime does (from 23, ``precision`` or the
     scale's own type decides)."""
-    wide = np.float32 if y_scale.dtype.itemsize < 4 else y_scale.dtype
-    return _quantize(
-        x,
-        y_scale,
-        y_zero_point,
-        axis=axis,
-        saturate=saturate,
-        block_size=block_size,
-        output_dtype=output_dtype,
-        precision=helper.np_dtype_to_tensor_dtype(np.dtype(wide)),
-    )
+    wide = np.dtype(np.float32 if y_scale.dtype.itemsize < 4 else y_scale.dtype)
+    precision = helper.np_dtype_to_tensor_dtype(wide)
+    return quantize_linear(
+        x, y_scale, y_zero_point, axis=axis, block_size=block_size,
+        output_dtype=output_dtype, precision=precision, saturate=saturate,
+    )  # fmt: skip
 
 
 @op("QuantizeLinear", since=(23, 24, 25, 28))
