@@ -644,9 +644,12 @@ def _zero_variance(node: onnx.NodeProto, inputs: Inputs) -> bool:
     x = inputs[0]
     if x is None or x.dtype.kind != "f" or not x.size:
         return False
+    wide = x.astype(np.float64)
     with np.errstate(all="ignore"):
-        std = np.std(x.astype(np.float64), axis=_mvn_axes(node, x))
-    return bool(np.any(std < 1e-4))  # where 1e-9 is more than the tolerance of the result
+        std = np.std(wide, axis=_mvn_axes(node, x))
+        mean = np.mean(wide, axis=_mvn_axes(node, x))
+    # where the 1e-9 shows, or where E[x^2] - E[x]^2 cancels most of its digits
+    return bool(np.any(std < 1e-4) or np.any(std * std < 1e-2 * mean * mean))
 
 
 def _mvn_by_formula(case: Case, got: list[Any] | str) -> bool:
@@ -660,7 +663,11 @@ def _mvn_by_formula(case: Case, got: list[Any] | str) -> bool:
         mean = np.mean(x, axis=axes, keepdims=True)
         var = np.mean(x * x, axis=axes, keepdims=True) - mean * mean
         want = (x - mean) / (np.sqrt(np.maximum(var, 0)) + 1e-9)
-    return not mismatch(got[0], want.astype(got[0].dtype), loose=4)
+    # the body's E[x^2] - E[x]^2 in the input's float32 cancels to rounding noise where the
+    # slice is nearly constant; then onnx.reference, which runs the body, confirms it
+    return not mismatch(got[0], want.astype(got[0].dtype), loose=4) or agrees_with_reference(
+        case, got
+    )
 
 
 def _resize_reference(case: Case, got: list[Any] | str) -> bool:
@@ -750,6 +757,16 @@ KNOWN: list[KnownDifference] = [
         "implementation reads such a tap; nxrt reads the spec's taps, onnxruntime and "
         "onnx.reference each read a different set (the reference also computes float16 in "
         "float32 and rounds infinities to 65504)",
+        _non_finite,
+        _finite_twin_only,
+    ),
+    KnownDifference(
+        "non-finite-lrn-window",
+        ("LRN",),
+        "a NaN or infinity in LRN's channel window: nxrt sums each channel's own window "
+        "(the spec's bounds, c - floor((size-1)/2) to c + ceil((size-1)/2)), so it reaches "
+        "exactly the channels whose window holds it; onnxruntime's running sum carries it "
+        "to later channels and onnx.reference's window misses a channel",
         _non_finite,
         _finite_twin_only,
     ),
@@ -955,8 +972,10 @@ KNOWN: list[KnownDifference] = [
         "mvn-zero-variance",
         ("MeanVarianceNormalization",),
         "a constant or nearly constant slice: the spec's function divides by "
-        "sqrt(variance) + 1e-9 (0 for a constant slice); onnxruntime divides by "
-        "sqrt(variance) alone and returns NaN (or +-1 where the 1e-9 shows)",
+        "sqrt(variance) + 1e-9 (0 for a constant slice), with the variance as "
+        "E[x^2] - E[x]^2, which cancels to rounding noise when the slice's spread is small "
+        "next to its mean; onnxruntime divides by sqrt(variance) alone (NaN for a constant "
+        "slice) and computes the variance another way",
         _zero_variance,
         _mvn_by_formula,
     ),

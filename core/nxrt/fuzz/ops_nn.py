@@ -850,7 +850,7 @@ def branch(b: Builder, name: str, x: str, dtype: np.dtype, ops: list[str]) -> on
 def if_(b: Builder, op: str) -> onnx.NodeProto:
     x = b.pick([F32])
     cond = b.param(op, 0, b.maybe(), BOOL) if b.maybe(0.5) else b.pick([BOOL], 0)
-    unary = ["Relu", "Neg", "Abs", "Sigmoid", "Floor"]
+    unary = ["Relu", "Neg", "Abs", "Sigmoid", "Tanh"]  # no Floor: a branch cannot drift
     then = branch(b, "then", x, F32, [b.choice(unary) for _ in range(b.int(0, 2))])
     other = branch(b, "else", x, F32, [b.choice(unary) for _ in range(b.int(0, 2))])
     return b.node(op, [cond], then_branch=then, else_branch=other)
