@@ -99,11 +99,11 @@ class EpLoadFailed(NxrtError, status.Fail):
 class OutOfMemory(NxrtError, status.Fail):
     """An allocation would exceed a device's byte budget."""
 
-    def __init__(self, requested: int, available: int) -> None:
-        self.requested, self.available = requested, available
+    def __init__(self, requested: int, available: int, where: str = "") -> None:
+        self.requested, self.available, self.where = requested, available, where
         super().__init__(
-            f"device OOM: requested {requested} bytes, available {available}; "
-            "raise the EP's memory_limit or use a smaller model or batch."
+            f"device OOM{' in ' + where if where else ''}: requested {requested} bytes, "
+            f"available {available}; raise the EP's memory_limit or use a smaller model or batch."
         )
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nxrt.errors import EpPanicked, KernelFailed, NxrtError
+from nxrt.errors import EpPanicked, KernelFailed, NxrtError, OutOfMemory
 from nxrt.files import write_atomically
 from nxrt.kernel import ARG_DEVICE, ARG_KERNEL_VARIANT, ARG_KERNEL_VARIANT_REASON, Kernel
 
@@ -80,6 +80,14 @@ def _failure(step: Step, exc: BaseException) -> NxrtError:
             translated.__cause__ = exc
             exc = translated
     where = {"node": step.name, "op_type": step.op_type, "ep": step.ep}
+    if isinstance(exc, OutOfMemory):  # stays itself: callers catch it to retry smaller
+        if exc.where:
+            return exc
+        error = OutOfMemory(
+            exc.requested, exc.available, f"node '{step.name}' ({step.op_type}) on EP '{step.ep}'"
+        )
+        error.__cause__ = exc
+        return error
     if isinstance(exc, KernelFailed):
         if exc.node:
             return exc

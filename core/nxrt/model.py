@@ -85,6 +85,7 @@ def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise InvalidModel(f"the model fails the ONNX checker: {first}") from exc
+    _eye_like_as_cast(light.graph)
     try:
         inferred = complete_types(light, _infer_shapes)
     except Exception:  # noqa: BLE001 - inference is an aid, never required
@@ -109,6 +110,27 @@ def _initializers_listed_as_inputs(light: onnx.ModelProto) -> None:
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model, data_prop=True)
+
+
+def _eye_like_as_cast(graph: onnx.GraphProto) -> None:
+    """Give shape inference each EyeLike as the Cast (or Identity) it infers like: same
+    shape, the ``dtype`` attribute's type. onnx 1.23's EyeLike inference crashes the
+    process (a segmentation fault) on an input typed by a function body's inference, such
+    as GroupNormalization's output; the copy inference sees is never run, and the EyeLike
+    kernel checks its input's rank itself."""
+    for node in graph.node:
+        for attribute in node.attribute:
+            for subgraph in [attribute.g, *attribute.graphs]:
+                _eye_like_as_cast(subgraph)
+        if node.op_type != "EyeLike" or node.domain not in ("", "ai.onnx"):
+            continue
+        dtype = [a for a in node.attribute if a.name == "dtype"]
+        del node.attribute[:]
+        if dtype:
+            node.op_type = "Cast"
+            node.attribute.append(onnx.helper.make_attribute("to", dtype[0].i))
+        else:
+            node.op_type = "Identity"
 
 
 #: Initializers of at least this many bytes (serialized) go to the checker and to shape
