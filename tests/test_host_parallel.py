@@ -6,11 +6,12 @@ import os
 import threading
 import time
 
+import numpy  # noqa: F401 - loads numpy's OpenBLAS, whose thread caps these tests check
 import pytest
 from threadpoolctl import threadpool_info
 
 from nxrt.errors import InvalidArgument
-from nxrt.host_parallel import HostParallel
+from nxrt.host_parallel import HostParallel, _governor
 
 
 def blas_threads() -> list[int]:
@@ -162,3 +163,48 @@ def test_a_cap_at_the_current_count_calls_no_blas_setter(monkeypatch) -> None:
         with _governor.cap(current):
             pass
     assert calls == [], "a cap equal to the current count needs no call into the library"
+
+
+@needs_blas
+def test_a_held_cap_makes_runs_set_nothing(monkeypatch) -> None:
+    """A session caps BLAS once (``hold_blas``); its runs then call into no BLAS library."""
+    before = blas_threads()
+    with HostParallel(2) as pool:
+        pool.hold_blas()
+        assert blas_threads() == [min(2, n) for n in before]
+        for count in (2, 2, 1, 1):  # two threads measured faster
+            pool._chooser.record(count, 0.01 if count == 2 else 0.03)
+        calls: list[int] = []
+        monkeypatch.setattr(_governor, "acquire", calls.append)
+        for _ in range(10):
+            with pool.run_limits() as limit:
+                assert limit == 2
+        assert calls == []
+        monkeypatch.undo()
+    assert blas_threads() == before, "closing the pool ends its cap"
+
+
+@needs_blas
+def test_a_session_holds_its_cap_until_it_is_collected() -> None:
+    import gc
+
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    import nxrt
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = nxrt.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = nxrt.InferenceSession(model.SerializeToString(), options, providers=["cpu"])
+    assert _governor._caps[1] >= 1 and max(blas_threads()) == 1
+    session.run(None, {"x": np.eye(4, dtype=np.float32)})
+    del session
+    gc.collect()
+    assert not _governor._caps

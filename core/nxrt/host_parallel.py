@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import os
-import statistics
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ class _BlasGovernor:
         self._libraries: list[Any] | None = None
         self._modules_seen = 0
         self._original: list[tuple[Any, int]] = []
+        self._current: dict[int, int] = {}  # id(library) -> the thread count last set
 
     def _blas_libraries(self) -> list[Any]:
         """The BLAS libraries loaded in the process, rescanned after new imports.
@@ -58,35 +58,43 @@ class _BlasGovernor:
     def _apply(self) -> None:
         if not self._caps:
             for library, threads in self._original:
-                _set_threads(library, threads)
+                self._set_threads(library, threads)
             self._original = []
             return
         if not self._original:
             self._original = [(lib, lib.num_threads) for lib in self._blas_libraries()]
+            self._current = {id(lib): threads for lib, threads in self._original}
         cap = min(self._caps)
         for library, threads in self._original:
-            _set_threads(library, max(1, min(cap, threads)))
+            self._set_threads(library, max(1, min(cap, threads)))
 
-    @contextmanager
-    def cap(self, threads: int) -> Iterator[None]:
+    def _set_threads(self, library: Any, threads: int) -> None:
+        """Set a BLAS library's thread count when it differs from the one last set: most caps
+        change nothing, and each query or call is a round trip into the library."""
+        if self._current.get(id(library)) != threads:
+            library.set_num_threads(threads)
+            self._current[id(library)] = threads
+
+    def acquire(self, threads: int) -> None:
+        """Add a cap of ``threads``; :meth:`release` removes it."""
         with self._lock:
             self._caps[threads] += 1
             self._apply()
+
+    def release(self, threads: int) -> None:
+        with self._lock:
+            self._caps[threads] -= 1
+            if not self._caps[threads]:
+                del self._caps[threads]
+            self._apply()
+
+    @contextmanager
+    def cap(self, threads: int) -> Iterator[None]:
+        self.acquire(threads)
         try:
             yield
         finally:
-            with self._lock:
-                self._caps[threads] -= 1
-                if not self._caps[threads]:
-                    del self._caps[threads]
-                self._apply()
-
-
-def _set_threads(library: Any, threads: int) -> None:
-    """Set a BLAS library's thread count when it differs: most runs change nothing, and
-    each call is a round trip into the library."""
-    if library.num_threads != threads:
-        library.set_num_threads(threads)
+            self.release(threads)
 
 
 _governor = _BlasGovernor()
@@ -107,15 +115,15 @@ class _CapChooser:
         }
         self.explore = explore
         self.runs = 0
+        self.best: int | None = None  # the faster count, once each has two times
         self._lock = threading.Lock()
 
     def choose(self) -> int:
         with self._lock:
             self.runs += 1
-            for count in self.counts:
-                if len(self.times[count]) < 2:
-                    return count
-            best = min(self.counts, key=lambda count: statistics.median(self.times[count]))
+            best = self.best
+            if best is None:
+                return next(c for c in self.counts if len(self.times[c]) < 2)
             if self.runs % self.explore == 0:
                 return self.counts[1] if best == self.counts[0] else self.counts[0]
             return best
@@ -123,6 +131,10 @@ class _CapChooser:
     def record(self, count: int, seconds: float) -> None:
         with self._lock:
             self.times[count].append(seconds)
+            if len(self.times[count]) >= 2 and all(len(t) >= 2 for t in self.times.values()):
+                self.best = min(
+                    self.counts, key=lambda c: sorted(self.times[c])[len(self.times[c]) // 2]
+                )
 
 
 def _in_worker() -> bool:
@@ -150,6 +162,7 @@ class HostParallel:
         self._lock = threading.Lock()
         self._busy = 0
         self._closed = False
+        self._held = False
         self._chooser = _CapChooser(threads)
 
     @property
@@ -240,18 +253,43 @@ class HostParallel:
         thread). So runs use ``threads`` or 1, whichever the last few runs
         of each did faster, and every 16th run tries the other count again.
         """
+        if self._threads == 1 and self._held:
+            yield 1
+            return
         if self._threads == 1 or self._busy or _in_worker():
             with self.blas_limits() as limit:
                 yield limit
             return
         limit = self._chooser.choose()
         start = time.perf_counter()
-        with _governor.cap(limit):
+        if self._held and limit == self._threads:  # the session's own cap: nothing to set
             yield limit
+        else:
+            with _governor.cap(limit):
+                yield limit
         self._chooser.record(limit, time.perf_counter() - start)
+
+    def hold_blas(self) -> None:
+        """Cap BLAS at ``threads`` until :meth:`release_blas` (or :meth:`close`): a session
+        sets its cap once, when it is created, so its runs set nothing. Caps are
+        process-wide: while sessions of different thread counts live, the smallest wins."""
+        with self._lock:
+            if self._held:
+                return
+            self._held = True
+        _governor.acquire(self._threads)
+
+    def release_blas(self) -> None:
+        """End :meth:`hold_blas`'s cap; BLAS gets its own thread counts back with the last cap."""
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        _governor.release(self._threads)
 
     def close(self) -> None:
         """Stop the pool's threads, waiting for running work."""
+        self.release_blas()
         with self._lock:
             executor, self._executor = self._executor, None
             self._closed = True

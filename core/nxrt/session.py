@@ -16,6 +16,7 @@ import enum
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -401,6 +402,9 @@ class InferenceSession:
         self._parallel = state.parallel
         self._report = state.placement.report
         self._host_blas = state.uses_host_blas
+        if self._host_blas:  # BLAS capped once, for the session's life, not per run
+            state.parallel.hold_blas()
+            weakref.finalize(self, state.parallel.release_blas)
         graph = self._model.graph
         initializer_names = set(graph.initializers)
         self._inputs = _describe_values(
@@ -418,6 +422,7 @@ class InferenceSession:
         # outputs that are graph inputs or views of them: run hands out copies of those
         self._fed_outputs = self._outputs_aliasing_inputs()
         self._device_inputs = self._inputs_read_on_one_device()
+        self._plain_inputs = self._plain_tensor_inputs()
         self._variants: dict[tuple[Any, ...], Plan] = {}
         self._variants_lock = threading.Lock()
         self._provider_names = self._name_providers(requests)
@@ -816,7 +821,19 @@ class InferenceSession:
                 f"unknown input name(s) {unknown}; the model's inputs are {self._describe_inputs()}"
             )
         feeds = {}
+        plain = self._plain_inputs
         for name, value in input_feed.items():
+            spec = plain.get(name)
+            if (
+                spec is not None
+                and type(value) is np.ndarray
+                and value.dtype == spec[0]
+                and value.flags.c_contiguous
+                and len(value.shape) == len(spec[1])
+                and all(want is None or got == want for got, want in zip(value.shape, spec[1]))
+            ):
+                feeds[name] = value  # the common case, checked in one step
+                continue
             if isinstance(value, OrtValue):
                 device = value.device_name()
                 if device != HOST and self._device_inputs.get(name, ("",))[0] == device:
@@ -851,6 +868,23 @@ class InferenceSession:
                 array = np.ascontiguousarray(array)
             feeds[name] = array
         return feeds
+
+    def _plain_tensor_inputs(self) -> dict[str, tuple[np.dtype, tuple[int | None, ...]]]:
+        """Inputs an ndarray feeds as it is: numeric tensors of known type and rank, with
+        each fixed dim (``None`` where the dim is free); ``_check_feeds`` takes a matching
+        array without the general checks, and anything else the long way."""
+        plain = {}
+        for arg in self._inputs:
+            value = self._input_dtypes[arg.name]
+            if arg.name in self._device_inputs or not arg.type.startswith("tensor("):
+                continue
+            if value.dtype is None or value.shape is None or is_map_type(value.type):
+                continue
+            dtype = numpy_dtype(int(value.dtype))
+            if dtype.kind in "OSUV":
+                continue
+            plain[arg.name] = (dtype, tuple(d if isinstance(d, int) else None for d in arg.shape))
+        return plain
 
     @staticmethod
     def _dtype_of(value: ir.Value) -> np.dtype | None:
