@@ -701,6 +701,7 @@ def choose(
             feeds,
             budget_ms=float(config.get(sel.BUDGET_MS, sel.DEFAULT_BUDGET_MS)),
             runs=int(config.get(sel.RUNS, sel.DEFAULT_RUNS)),
+            settle_ms=float(config.get(sel.SETTLE_MS, sel.DEFAULT_SETTLE_MS)),
             fallback=fallback or FALLBACK_EP,
         )
         report = sel.SelectionReport(policy.name, choice, candidates + unstarted, note=note)

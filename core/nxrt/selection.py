@@ -43,6 +43,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -63,7 +64,12 @@ DIMS = "nxrt.selection.dims"
 CACHE = "nxrt.selection.cache"
 DEFAULT_BUDGET_MS = 5000.0
 DEFAULT_RUNS = 7
-CACHE_FORMAT = 2
+#: Untimed run-in before each candidate's timed block (config ``nxrt.selection.settle_ms``).
+SETTLE_MS = "nxrt.selection.settle_ms"
+DEFAULT_SETTLE_MS = 100.0
+#: Timed blocks per candidate; ``runs`` samples are spread over them.
+BLOCKS = 2
+CACHE_FORMAT = 3
 
 
 class ExecutionProviderDevicePolicy(enum.Enum):
@@ -194,10 +200,10 @@ def synthesize_feeds(inputs: Sequence[ir.Value], dims: Mapping[str, int]) -> dic
 # -- the report ------------------------------------------------------------------------------------
 @dataclass
 class Candidate:
-    """One candidate plan: its providers, and its time (fastest sample) or why it was skipped."""
+    """One candidate plan: its providers, and its time (median sample) or why it was skipped."""
 
     providers: list[str]
-    best_ms: float | None = None
+    time_ms: float | None = None
     skipped: str = ""
 
 
@@ -217,7 +223,7 @@ class SelectionReport:
         lines = [f"selection: policy {self.policy}, chose {','.join(self.choice)} ({how})"]
         for c in self.candidates:
             mark = "*" if c.providers == self.choice else " "
-            what = f"{c.best_ms:.3f} ms" if c.best_ms is not None else f"skipped: {c.skipped}"
+            what = f"{c.time_ms:.3f} ms" if c.time_ms is not None else f"skipped: {c.skipped}"
             lines.append(f"  {mark} {','.join(c.providers):<28} {what}")
         if self.note:
             lines.append(f"  {self.note}")
@@ -240,19 +246,22 @@ def measure(
     *,
     budget_ms: float,
     runs: int,
+    settle_ms: float = DEFAULT_SETTLE_MS,
     fallback: str = "cpu",
 ) -> tuple[list[str], Any, list[Candidate], str]:
-    """Build every candidate, then time them in interleaved rounds; the fastest wins.
+    """Build every candidate, then time them in interleaved blocks; the fastest wins.
 
     Candidates are built (and run twice, which warms them up) in the order of
     :func:`candidates`, the first two always, the others until the budget is
     spent; a candidate whose first EP
     left nodes to the fallback adds a mix with the next EP ahead of the
-    fallback. Timing rotates through the built candidates ``runs`` times, so
-    drift and one runtime's spinning threads do not favour any of them; a
-    fast plan runs several times per turn so each sample spans about a
-    millisecond. A candidate's time is its fastest sample: other work on the
-    machine only ever adds time, so the minimum is the estimate it disturbs least.
+    fallback. Timing goes through the built candidates in :data:`BLOCKS`
+    blocks of ``runs / BLOCKS`` samples, the order rotating each block so
+    drift favours none; each block starts with ``settle_ms`` of untimed runs,
+    so the previous candidate's spinning threads have gone idle, as they have
+    when a session runs on its own. A fast plan runs several times per sample
+    so each spans about a millisecond. A candidate's time is its median
+    sample, the figure a user's steady runs see.
 
     :returns: The winner's providers, its built object (``None`` when every
         candidate failed), every candidate's result, and a note when the
@@ -296,30 +305,44 @@ def measure(
                     queue.insert(0, mix)
                     break
     samples: dict[int, list[float]] = {i: [] for i in range(len(built))}
-    for round_ in range(max(1, runs)):
-        if round_ >= 2 and spent() > budget_ms:
-            note = note or f"budget of {budget_ms:.0f} ms spent after {round_} timing rounds"
+    blocks = max(1, min(BLOCKS, runs))
+    per_block = max(1, -(-runs // blocks))
+    for block in range(blocks):
+        if block >= 1 and spent() > budget_ms:
+            note = note or f"budget of {budget_ms:.0f} ms spent after {block} timing block(s)"
             break
-        for i in [(round_ + k) % len(built) for k in range(len(built))] if built else []:
+        for i in [(block + k) % len(built) for k in range(len(built))] if built else []:
             candidate, plan, repeat = built[i]
             try:
-                t0 = time.perf_counter()
-                for _ in range(repeat):
-                    plan.run(feeds)
-                samples[i].append((time.perf_counter() - t0) * 1000 / repeat)
-            except Exception as exc:  # noqa: BLE001 - fails on a second run: skipped too
+                _settle(plan, feeds, settle_ms)
+                for _ in range(per_block):
+                    t0 = time.perf_counter()
+                    for _ in range(repeat):
+                        plan.run(feeds)
+                    samples[i].append((time.perf_counter() - t0) * 1000 / repeat)
+            except Exception as exc:  # noqa: BLE001 - fails on a later run: skipped too
                 candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     best: tuple[float, int] | None = None
     for i, (candidate, _, _) in enumerate(built):
         if candidate.skipped or not samples[i]:
             continue
-        candidate.best_ms = min(samples[i])
-        if best is None or candidate.best_ms < best[0]:
-            best = (candidate.best_ms, i)
+        candidate.time_ms = statistics.median(samples[i])
+        if best is None or candidate.time_ms < best[0]:
+            best = (candidate.time_ms, i)
     if best is None:
         return [fallback], None, results, note or "every candidate failed"
     winner, plan, _ = built[best[1]]
     return winner.providers, plan, results, note
+
+
+def _settle(plan: Any, feeds: dict[str, Any], settle_ms: float) -> None:
+    """Run ``plan`` untimed for ``settle_ms`` (at least once): the candidate timed before it
+    leaves threads spinning (ONNX Runtime's pool, OpenVINO's, OpenBLAS's for about 0.1 s)
+    that would slow this one's first runs, and this one's caches and pools warm up."""
+    end = time.perf_counter() + settle_ms / 1000
+    plan.run(feeds)
+    while time.perf_counter() < end:
+        plan.run(feeds)
 
 
 # -- the cache -------------------------------------------------------------------------------------
