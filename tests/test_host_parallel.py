@@ -33,7 +33,7 @@ def test_map_keeps_item_order() -> None:
         assert pool.map(slow_square, []) == []
 
 
-def test_map_runs_on_pool_threads() -> None:
+def test_map_runs_on_the_calling_thread_and_pool_threads() -> None:
     with HostParallel(3) as pool:
         barrier = threading.Barrier(3, timeout=10)
 
@@ -43,7 +43,8 @@ def test_map_runs_on_pool_threads() -> None:
 
         names = pool.map(meet, range(3))
     assert len(set(names)) == 3
-    assert all(name.startswith("nxrt-host") for name in names)
+    assert names[0] == threading.current_thread().name  # the caller takes the first item
+    assert all(name.startswith("nxrt-host") for name in names[1:])
 
 
 def test_exceptions_propagate_to_the_caller() -> None:

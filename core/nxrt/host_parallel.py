@@ -182,7 +182,8 @@ class HostParallel:
             return self._executor
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        """``[fn(item) for item in items]``, run across the pool; results keep item order.
+        """``[fn(item) for item in items]``, run across the pool and the calling thread
+        (which takes the first item); results keep item order.
 
         The first exception (in item order) is raised here once the started
         calls have finished; calls not yet started are cancelled.
@@ -197,17 +198,32 @@ class HostParallel:
             self._busy += 1
         try:
             with _governor.cap(1):
-                futures: list[Future[R]] = [pool.submit(fn, item) for item in items]
+                futures: list[Future[R]] = [pool.submit(fn, item) for item in items[1:]]
+                # the calling thread takes the first item: it is awake now, where a pool
+                # thread may start milliseconds later on a busy machine
+                first: list[R] = []
+                error: BaseException | None = None
+                _worker.active = True
+                try:
+                    first.append(fn(items[0]))
+                except BaseException as exc:  # noqa: BLE001 - raised below, in item order
+                    error = exc
+                    for future in futures:
+                        future.cancel()
+                finally:
+                    _worker.active = False
                 _, pending = wait(futures, return_when=FIRST_EXCEPTION)
                 if pending:
                     for future in pending:
                         future.cancel()
                     wait(pending)
+                if error is not None:
+                    raise error
                 for future in futures:
-                    error = None if future.cancelled() else future.exception()
-                    if error is not None:
-                        raise error
-                return [future.result() for future in futures]
+                    failed = None if future.cancelled() else future.exception()
+                    if failed is not None:
+                        raise failed
+                return [*first, *(future.result() for future in futures)]
         finally:
             with self._lock:
                 self._busy -= 1
