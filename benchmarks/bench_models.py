@@ -25,11 +25,14 @@ Method:
   threadpoolctl for the whole process, which also bounds the reference evaluator's numpy.
 * Correctness: every nxrt output is compared with ORT's (``rtol=1e-3, atol=1e-4``); the
   table gives the largest absolute difference and whether all outputs matched.
-* Peak memory: for each runtime a fresh subprocess imports numpy, onnx and that runtime,
+* Peak memory: for each runtime a fresh subprocess imports numpy, onnx and that runtime
+  (for nxrt also the EP plugins and numba, which the cpu EP imports at session creation),
   reads its resident set size (RSS), loads the model, runs it ``1 + 3`` times and reads its
   peak RSS (``VmHWM``). The table gives peak minus post-import RSS, in MB: everything the
   runtime needed for the model (weights as loaded, arenas, activations), not import costs.
-  (``tracemalloc`` would miss ONNX Runtime's and numpy's C allocations.)
+  (``tracemalloc`` would miss ONNX Runtime's and numpy's C allocations.) ``VmHWM`` is the
+  child's own: exec starts it afresh, whereas ``ru_maxrss`` keeps the high-water mark of
+  the process that exec'd, here this one, which has loaded every model so far.
 * Per-node overhead (``chain``): ``(median(1000 nodes) - median(1 node)) / 999`` per
   runtime, in microseconds: the cost of one more node, without the fixed per-run cost.
 
@@ -237,15 +240,21 @@ import numpy as np, onnx, onnxruntime
 from threadpoolctl import threadpool_limits
 runtime, name, model_dir, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 sys.path.insert(0, sys.argv[5])
+import importlib
 import bench_models as bm
+resolve = importlib.import_module(sys.argv[7]).resolve
 import nxrt
 if runtime == "reference":
     from onnx.reference import ReferenceEvaluator
 elif runtime != "ort":
     nxrt.get_available_providers()  # load the EP plugins before the baseline
+    try:
+        import nxrt_ep_cpu.jit  # numba: an import cost, paid at the first session
+    except ImportError:
+        pass
 base = status("VmRSS")
 with threadpool_limits(threads):
-    label, path, make_feeds = bm.resolve(name, model_dir)
+    label, path, make_feeds = resolve(name, model_dir)
     if runtime == "ort":
         session = bm.ort_session(path, threads)
         feeds, runs = make_feeds(session), 4
@@ -265,11 +274,17 @@ print(json.dumps({"peak": status("VmHWM"), "base": base}))
 """
 
 
-def peak_memory(runtime: str, name: str, args: argparse.Namespace) -> float | None:
-    """Peak RSS minus post-import RSS of a fresh process running the model, in MB."""
+def peak_memory(
+    runtime: str, name: str, args: argparse.Namespace, resolver: str = "bench_models"
+) -> float | None:
+    """Peak RSS minus post-import RSS of a fresh process running the model, in MB.
+
+    ``resolver`` names the module (in this folder) whose ``resolve(name, model_dir)``
+    gives ``(label, path, feeds(session))``.
+    """
     here = os.path.dirname(os.path.abspath(__file__))
     command = [sys.executable, "-c", _PEAK_SCRIPT, runtime, name, args.model_dir]
-    command += [str(args.threads), here, args.providers]
+    command += [str(args.threads), here, args.providers, resolver]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
         sample = json.loads(done.stdout.strip().splitlines()[-1])

@@ -10,10 +10,10 @@ ORT's, the session-creation time and the largest absolute difference from ORT's 
 
 Models: the nine light models of the ``onnx`` package, and real architectures exported
 with ``torch.onnx.export`` (opset 17) from seeded random weights into ``--model-dir``
-(a temporary folder by default, never the repository): torchvision's ResNet-50,
-EfficientNet-B0, MobileNetV2, ViT-B/16 and ConvNeXt-T at batch 1 and 224x224, and
-BERT-base (transformers' ``BertModel``, sequence 128; where transformers is missing,
-``transformer_models.bert_encoder``, the same shapes written with ``onnx.helper``).
+(a temporary folder by default, never the repository) by ``torch_models.py``:
+torchvision's ResNet-50, EfficientNet-B0, MobileNetV2, ViT-B/16 and ConvNeXt-T at batch 1
+and 224x224, and BERT-base (transformers' ``BertModel``, sequence 128; where transformers
+is missing, ``transformer_models.bert_encoder``, the same shapes written with ``onnx.helper``).
 
 Summary lines: the geometric mean of the f32 ratios over the real architectures (target:
 at most 0.95, none above 1.25), and of the bf16 ratios over the transformers (ViT-B/16,
@@ -33,7 +33,6 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -46,11 +45,11 @@ from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_models  # noqa: E402
-import transformer_models  # noqa: E402
+import torch_models  # noqa: E402
+from torch_models import BERT, build, calibrated, import_torchvision  # noqa: E402, F401
 
 #: torchvision constructor names of the vision architectures.
 VISION = ("resnet50", "efficientnet_b0", "mobilenet_v2", "vit_b_16", "convnext_tiny")
-BERT = "bert_base"
 REAL = (*VISION, BERT)
 TRANSFORMERS = ("vit_b_16", BERT)
 #: The onnx package's light models, by file name (``light_resnet50``: not torchvision's).
@@ -66,132 +65,10 @@ COLUMNS: dict[str, list[Any]] = {
 
 # -- models -------------------------------------------------------------------------------------
 
-_torchvision_schemas: Any = None  # the torch.library that declares them, kept alive
-
-
-def import_torchvision() -> Any:
-    """torchvision, importable beside torch's CPU build.
-
-    The PyPI wheel of torchvision is built against torch's CUDA build, so next to the
-    CPU build its C++ extension does not load, and ``import torchvision`` then fails
-    when it registers Python code for ``torchvision::nms``, an operator the extension
-    would have declared. The classification models use no torchvision operator, so
-    declaring the two the import looks for (without kernels) is all they need.
-    """
-    global _torchvision_schemas
-    import importlib.util
-
-    import torch
-
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or spec.origin is None:
-        raise SystemExit("torchvision is not installed: pip install torchvision")
-    try:
-        torch.ops.load_library(os.path.join(os.path.dirname(spec.origin), "_C.so"))
-    except (OSError, RuntimeError):
-        if _torchvision_schemas is None:
-            schemas = torch.library.Library("torchvision", "DEF")
-            for op in ("nms", "qnms"):
-                schemas.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-            _torchvision_schemas = schemas
-    import torchvision
-
-    return torchvision
-
-
-def _export(module: Any, args: tuple, path: str, inputs: list[str], outputs: list[str]) -> None:
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(
-            module,
-            args,
-            path + ".tmp",
-            input_names=inputs,
-            output_names=outputs,
-            opset_version=17,
-            dynamo=False,
-        )
-    os.replace(path + ".tmp", path)
-
-
-def build(name: str, folder: str) -> tuple[str, str]:
-    """Export ``name`` into ``folder`` (once: an existing file is reused); (path, how)."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{name}.onnx")
-    if name == BERT:
-        return _build_bert(path)
-    if not os.path.exists(path):
-        import torch
-
-        torchvision = import_torchvision()
-        torch.manual_seed(0)
-        model = calibrated(getattr(torchvision.models, name)(weights=None))
-        _export(model, (torch.randn(1, 3, 224, 224),), path, ["image"], ["logits"])
-    return path, "torchvision"
-
-
-def calibrated(model: Any) -> Any:
-    """A freshly initialised torchvision model made to behave like a trained one, in eval mode.
-
-    At initialisation BatchNorm's running statistics are 0 and 1, which do not match
-    the activations, so those shrink layer by layer (EfficientNet's logits come out
-    near 1e-17) and any error looks small; and ViT's head starts at zero, so its
-    logits are exactly 0. Statistics gathered over a few random batches and a random
-    head give logits of order one, where a difference of 1e-4 means something.
-    """
-    import torch
-
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and not module.weight.any():
-                torch.nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-                module.momentum = None  # running statistics: the plain mean over the batches
-        model.train()
-        for _ in range(4):
-            model(torch.randn(8, 3, 224, 224))
-    return model.eval()
-
-
-def _build_bert(path: str) -> tuple[str, str]:
-    try:
-        import_torchvision()  # transformers imports torchvision when it is installed
-        import torch
-        from transformers import BertConfig, BertModel
-    except ImportError:
-        fallback = transformer_models.write(BERT, os.path.dirname(path))
-        return fallback, "onnx.helper (transformers is not installed)"
-    if not os.path.exists(path):
-
-        class Encoder(torch.nn.Module):
-            """BertModel called by keyword, its two outputs as a tuple (what the exporter
-            traces; the model's own forward takes more positional arguments)."""
-
-            def __init__(self) -> None:
-                super().__init__()
-                self.bert = BertModel(BertConfig(attn_implementation="eager"))  # BERT-base
-
-            def forward(self, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
-                out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
-                return out.last_hidden_state, out.pooler_output
-
-        torch.manual_seed(0)
-        model = Encoder().eval()
-        feeds = transformer_models.bert_feeds()
-        args = tuple(torch.from_numpy(feeds[k]) for k in ("input_ids", "attention_mask"))
-        outputs = ["last_hidden_state", "pooler_output"]
-        _export(model, args, path, ["input_ids", "attention_mask"], outputs)
-    return path, "transformers"
-
 
 def feeds_for(name: str, session: Any) -> dict[str, np.ndarray]:
-    if name == BERT:
-        return transformer_models.bert_feeds()
-    if name in VISION:
-        rng = np.random.default_rng(0)
-        return {"image": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    if name in REAL:
+        return torch_models.feeds_for(name)
     return dummy_feeds(session)
 
 

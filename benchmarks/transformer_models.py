@@ -225,12 +225,13 @@ def node_chain(count: int = 1000, width: int = 16) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
-def bert_feeds(seq: int = 128, seed: int = 0) -> dict[str, np.ndarray]:
+def bert_feeds(seq: int = 128, seed: int = 0, batch: int = 1) -> dict[str, np.ndarray]:
     """Random token ids and a mask that hides the last eighth of the sequence."""
     rng = np.random.default_rng(seed)
-    mask = np.ones((1, seq), np.int64)
+    mask = np.ones((batch, seq), np.int64)
     mask[:, seq - seq // 8 :] = 0
-    return {"input_ids": rng.integers(0, 30522, (1, seq), dtype=np.int64), "attention_mask": mask}
+    ids = rng.integers(0, 30522, (batch, seq), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 def gpt2_feeds(
