@@ -56,7 +56,6 @@ import gc
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -458,15 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(start_table(start, results))
     if args.json:
-        payload = {
-            "settings": {**vars(args), "onnxruntime": ort.__version__, "numpy": np.__version__},
-            "python": platform.python_version(),
-            "results": results,
-            "chain": chain,
-            "start": start,
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+        bench_models.write_json(args.json, args, results=results, chain=chain, start=start)
     return 0
 
 

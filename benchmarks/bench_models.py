@@ -378,14 +378,19 @@ def main(argv: list[str] | None = None) -> int:
     print(settings + "\n")
     print(table(results, args))
     if args.json:
-        payload = {
-            "settings": {**vars(args), "onnxruntime": ort.__version__, "numpy": np.__version__},
-            "python": platform.python_version(),
-            "results": results,
-        }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2, default=str)
+        write_json(args.json, args, results=results)
     return 0
+
+
+def write_json(path: str, args: argparse.Namespace, **parts: Any) -> None:
+    """The run's settings and results as JSON, for comparing runs later."""
+    payload = {
+        "settings": {**vars(args), "onnxruntime": ort.__version__, "numpy": np.__version__},
+        "python": platform.python_version(),
+        **parts,
+    }
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
 
 
 if __name__ == "__main__":
