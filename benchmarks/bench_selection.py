@@ -11,16 +11,17 @@ and the table gives each median, the default's ratio to the fastest explicit
 choice, what the default chose, and both creation times of the default.
 
 Models: the light models of the ``onnx`` package, ``bert_base`` and ``gpt2_step``
-(``transformer_models.py``), and the real architectures of ``bench_openvino.py``
-(torchvision's resnet50, efficientnet_b0, mobilenet_v2, vit_b_16, convnext_tiny and
-transformers' BERT-base, exported with seeded random weights; they need torch,
-torchvision and transformers), all built into a temporary folder.
+(``transformer_models.py``), and the models of ``torch_models.py`` (torchvision's
+architectures, transformers' BERT-base, GPT-2 and a Llama-style decoder, and small models
+of our own: an MLP, a GRU, a small BERT, a U-Net; exported with seeded random weights,
+they need torch, torchvision and transformers), all built into a temporary folder.
 
 Run::
 
     python benchmarks/bench_selection.py
     python benchmarks/bench_selection.py --models light_resnet50 bert_base --rounds 5
     python benchmarks/bench_selection.py --models resnet50 efficientnet_b0 mobilenet_v2
+    python benchmarks/bench_selection.py --models llama_small unet_small mlp --model-dir /tmp/m
 """
 
 from __future__ import annotations
@@ -40,16 +41,17 @@ import nxrt
 from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_openvino  # noqa: E402  (builds the real architectures)
+import torch_models  # noqa: E402  (exports the real architectures and small models)
 import transformer_models  # noqa: E402
 
 DEFAULT_MODELS = [*LIGHT_MODELS, "bert_base", "gpt2_step"]
 
 
 def resolve(name: str, folder: str) -> tuple[str, Callable[[Any], dict[str, np.ndarray]]]:
-    if name in bench_openvino.REAL:  # torchvision / transformers, seeded random weights
-        path, _ = bench_openvino.build(name, folder)
-        return path, lambda session: bench_openvino.feeds_for(name, session)
+    if name in torch_models.ALL:  # torchvision / transformers / torch, seeded random weights
+        path, _ = torch_models.build(name, folder)
+        feeds = torch_models.feeds_for(name)
+        return path, lambda session: feeds
     if name in transformer_models.MODELS:
         feeds = transformer_models.MODELS[name][1]()
         return transformer_models.write(name, folder), lambda session: feeds
@@ -135,12 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--block", type=int, default=3)
     parser.add_argument("--settle-ms", type=float, default=200.0)
+    parser.add_argument("--model-dir", help="where exported models go (default: a temp dir)")
     args = parser.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory() as folder:
-        os.environ["NXRT_CACHE_DIR"] = os.path.join(folder, "cache")
+        os.environ["NXRT_CACHE_DIR"] = os.path.join(folder, "cache")  # always a fresh cache
         for name in args.models:
-            path, feeds_of = resolve(name, folder)
+            path, feeds_of = resolve(name, args.model_dir or folder)
             results.append(bench(name, path, feeds_of, args))
             print(f"  {name}: done", file=sys.stderr)
     print(table(results))

@@ -12,7 +12,10 @@ by the caller, a temporary one, never the repository; an existing file is reused
   ``pooler_output``), GPT-2 small with its language-model head (sequence 64, no cache).
 * Small models of our own: ``mlp`` (784-512-256-10, ReLU), ``gru`` (one GRU layer, 64 -> 128,
   32 steps, and a linear head on the last step), ``bert_small`` (BERT with 2 layers, hidden 128,
-  2 heads: the shape of BERT-tiny, sequence 128).
+  2 heads: the shape of BERT-tiny, sequence 128), ``llama_small`` (transformers'
+  ``LlamaForCausalLM``: 4 layers, hidden 512, 8 heads with 2 key/value heads, SwiGLU 1376,
+  RMSNorm, rotary positions; sequence 64, no cache) and ``unet_small`` (a two-level U-Net on
+  1x3x128x128: Conv-BatchNorm-ReLU pairs, MaxPool down, ConvTranspose up, skip Concats).
 
 Needs torch, torchvision and transformers; they are imported only when a model is built, so
 reading feeds (:func:`feeds_for`) does not need them. Build from the command line::
@@ -45,14 +48,16 @@ VISION = (
 BERT = "bert_base"
 GPT2 = "gpt2"
 REAL = (*VISION, BERT, GPT2)
-SMALL = ("mlp", "gru", "bert_small")
+SMALL = ("mlp", "gru", "bert_small", "llama_small", "unet_small")
 ALL = (*REAL, *SMALL)
 BERT_SEQ, GPT2_SEQ = 128, 64
 MLP_SIZES = (784, 512, 256, 10)
 GRU_STEPS, GRU_INPUT, GRU_HIDDEN = 32, 64, 128
+LLAMA_SEQ, LLAMA_VOCAB = 64, 32000
+UNET_SIZE, UNET_WIDTH = 128, 32
 #: What each model needs beyond torch (checked by :func:`missing_packages`).
 _NEEDS = {**dict.fromkeys(VISION, "torchvision"), BERT: "transformers", GPT2: "transformers"}
-_NEEDS["bert_small"] = "transformers"
+_NEEDS["bert_small"] = _NEEDS["llama_small"] = "transformers"
 
 
 def missing_packages(names: list[str] | tuple[str, ...] = ALL) -> list[str]:
@@ -141,6 +146,10 @@ def build(name: str, folder: str, batch: int = 1) -> tuple[str, str]:
     elif name == "bert_small":
         model = _bert_encoder(hidden_size=128, num_hidden_layers=2, num_attention_heads=2)
         _export(model.eval(), args, path, list(feeds), ["last_hidden_state", "pooler_output"])
+    elif name == "llama_small":
+        _export(_llama().eval(), args, path, ["input_ids"], ["logits"])
+    elif name == "unet_small":
+        _export(calibrated(_unet(), (8, 3, UNET_SIZE, UNET_SIZE)), args, path, ["image"], ["mask"])
     elif name == "mlp":
         _export(_mlp().eval(), args, path, ["x"], ["y"])
     else:
@@ -148,7 +157,7 @@ def build(name: str, folder: str, batch: int = 1) -> tuple[str, str]:
     return path, how
 
 
-def calibrated(model: Any) -> Any:
+def calibrated(model: Any, shape: tuple[int, ...] = (8, 3, 224, 224)) -> Any:
     """A freshly initialised torchvision model made to behave like a trained one, in eval mode.
 
     At initialisation BatchNorm's running statistics are 0 and 1, which do not match
@@ -167,7 +176,7 @@ def calibrated(model: Any) -> Any:
                 module.momentum = None  # running statistics: the plain mean over the batches
         model.train()
         for _ in range(4):
-            model(torch.randn(8, 3, 224, 224))
+            model(torch.randn(*shape))
     return model.eval()
 
 
@@ -232,6 +241,74 @@ def _gpt2() -> Any:
     return LanguageModel()
 
 
+def _llama() -> Any:
+    """A Llama-style decoder with its language-model head: ``input_ids -> logits``."""
+    import_torchvision()
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            config = LlamaConfig(
+                vocab_size=LLAMA_VOCAB,
+                hidden_size=512,
+                intermediate_size=1376,
+                num_hidden_layers=4,
+                num_attention_heads=8,
+                num_key_value_heads=2,
+                max_position_embeddings=256,
+                attn_implementation="eager",
+                use_cache=False,
+            )
+            self.llama = LlamaForCausalLM(config)
+
+        def forward(self, input_ids: Any) -> Any:
+            mask = torch.ones_like(input_ids)  # explicit, as for GPT-2
+            return self.llama(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+
+    return Decoder()
+
+
+def _unet() -> Any:
+    """A two-level U-Net: what segmentation and diffusion models are built from."""
+    import torch
+    from torch import nn
+
+    def block(n_in: int, n_out: int) -> Any:
+        return nn.Sequential(
+            nn.Conv2d(n_in, n_out, 3, padding=1),
+            nn.BatchNorm2d(n_out),
+            nn.ReLU(),
+            nn.Conv2d(n_out, n_out, 3, padding=1),
+            nn.BatchNorm2d(n_out),
+            nn.ReLU(),
+        )
+
+    w = UNET_WIDTH
+
+    class UNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down1, self.down2, self.bottom = block(3, w), block(w, 2 * w), block(2 * w, 4 * w)
+            self.pool = nn.MaxPool2d(2)
+            self.up2 = nn.ConvTranspose2d(4 * w, 2 * w, 2, stride=2)
+            self.dec2 = block(4 * w, 2 * w)
+            self.up1 = nn.ConvTranspose2d(2 * w, w, 2, stride=2)
+            self.dec1 = block(2 * w, w)
+            self.head = nn.Conv2d(w, 1, 1)
+
+        def forward(self, x: Any) -> Any:
+            d1 = self.down1(x)
+            d2 = self.down2(self.pool(d1))
+            b = self.bottom(self.pool(d2))
+            u2 = self.dec2(torch.cat([self.up2(b), d2], 1))
+            u1 = self.dec1(torch.cat([self.up1(u2), d1], 1))
+            return self.head(u1)
+
+    return UNet()
+
+
 def _mlp() -> Any:
     import torch
 
@@ -266,6 +343,10 @@ def feeds_for(name: str, batch: int = 1) -> dict[str, np.ndarray]:
         return transformer_models.bert_feeds(BERT_SEQ, batch=batch)
     if name == GPT2:
         return {"input_ids": rng.integers(0, 50257, (batch, GPT2_SEQ), dtype=np.int64)}
+    if name == "llama_small":
+        return {"input_ids": rng.integers(0, LLAMA_VOCAB, (batch, LLAMA_SEQ), dtype=np.int64)}
+    if name == "unet_small":
+        return {"image": rng.standard_normal((batch, 3, UNET_SIZE, UNET_SIZE)).astype(np.float32)}
     if name == "mlp":
         return {"x": rng.standard_normal((batch, MLP_SIZES[0])).astype(np.float32)}
     if name == "gru":
