@@ -40,6 +40,14 @@ class Gemm:
         self._functions = functions
         self._int = int_type
 
+    def address(self, dtype: np.dtype) -> tuple[int, bool]:
+        """The C address of the checked ``cblas_?gemm`` for ``dtype`` and whether its integers
+        are 64-bit, for compiled loops that call it themselves; address 0 where there is none."""
+        function = self._functions.get(np.dtype(dtype))
+        if function is None:
+            return 0, False
+        return ctypes.cast(function, ctypes.c_void_p).value or 0, ctypes.sizeof(self._int) == 8
+
     def __call__(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float = 1.0) -> bool:
         function = self._functions.get(c.dtype)
         if function is None or a.dtype != c.dtype or b.dtype != c.dtype:

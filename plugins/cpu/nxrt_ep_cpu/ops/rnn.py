@@ -4,17 +4,32 @@ The input projection ``X @ W^T`` is one matmul over every time step; the loop
 over time then only multiplies the hidden state by ``R^T``. ``sequence_lens``
 is honoured per batch entry: past its length the state stops changing and
 ``Y`` is zero (a reverse pass starts at the entry's last valid step).
+
+The loop over time is numpy here (the reference, and the path of every dtype
+but float32 and of Softplus); a node's kernel runs float32 through
+:class:`CompiledRecurrence`, whose loop is compiled by numba
+(``nxrt_ep_cpu.jit.rnn``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nxrt.errors import KernelFailed
+from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.host_parallel import HostParallel
+    from nxrt.provider import ExecutionProvider
 
 
 def _sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
@@ -52,8 +67,9 @@ _ACTIVATIONS: dict[str, tuple[Callable[..., np.ndarray], float, float, bool, boo
 
 @dataclass(frozen=True)
 class _Act:
-    """One activation with its alpha and beta bound."""
+    """One activation with its alpha and beta bound; ``name`` in lower case."""
 
+    name: str
     fn: Callable[..., np.ndarray]
     alpha: float
     beta: float
@@ -62,14 +78,18 @@ class _Act:
         return self.fn(x, self.alpha, self.beta)
 
 
+@functools.lru_cache(maxsize=64)
 def _activations(
-    names: list[str] | None,
+    names: tuple[str, ...] | None,
     defaults: tuple[str, ...],
     directions: int,
-    alpha: list[float] | None,
-    beta: list[float] | None,
-) -> list[list[_Act]]:
-    """Per direction, the activations; alpha/beta go in order to those that take them."""
+    alpha: tuple[float, ...] | None,
+    beta: tuple[float, ...] | None,
+) -> tuple[tuple[_Act, ...], ...]:
+    """Per direction, the activations; alpha/beta go in order to those that take them.
+
+    Cached: a node asks with the same attributes on every run.
+    """
     count = len(defaults)
     names = list(names) if names else list(defaults) * directions
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
@@ -90,8 +110,8 @@ def _activations(
             a = alphas.pop(0)
         if uses_b and betas:
             b = betas.pop(0)
-        acts.append(_Act(fn, float(a), float(b)))
-    return [acts[d * count : (d + 1) * count] for d in range(directions)]
+        acts.append(_Act(name.lower(), fn, float(a), float(b)))
+    return tuple(tuple(acts[d * count : (d + 1) * count]) for d in range(directions))
 
 
 def _directions(direction: str, w: np.ndarray) -> list[bool]:
@@ -133,8 +153,13 @@ def _run(
     layout: int = 0,
     linear_before_reset: int = 0,
     input_forget: int = 0,
+    recurrence: CompiledRecurrence | None = None,
 ) -> tuple[np.ndarray, ...]:
-    """Every direction of an RNN, GRU or LSTM; returns ``(Y, Y_h, Y_c)``."""
+    """Every direction of an RNN, GRU or LSTM; returns ``(Y, Y_h, Y_c)``.
+
+    ``recurrence`` runs the loop over time where it supports the node's
+    dtype and attributes; otherwise, or without one, numpy runs it.
+    """
     gates, defaults = {
         "RNN": (1, ("Tanh",)),
         "GRU": (3, ("Sigmoid", "Tanh")),
@@ -155,7 +180,13 @@ def _run(
             f"{kind} needs W and R with {gates * hidden} rows, got {w.shape} and {r.shape}"
         )
     backwards = _directions(direction, w)
-    acts = _activations(activations, defaults, len(backwards), activation_alpha, activation_beta)
+    acts = _activations(
+        None if activations is None else tuple(activations),
+        defaults,
+        len(backwards),
+        None if activation_alpha is None else tuple(activation_alpha),
+        None if activation_beta is None else tuple(activation_beta),
+    )
     lens = None
     if sequence_lens is not None:
         lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
@@ -166,6 +197,71 @@ def _run(
         if np.all(lens == steps):
             lens = None
     x = x.astype(dtype, copy=False)
+    if recurrence is not None and recurrence.supports(x, r, acts, clip):
+        y, y_h, y_c = recurrence.run(
+            kind,
+            x,
+            w,
+            r,
+            b,
+            lens,
+            initial_h,
+            initial_c,
+            p,
+            acts,
+            clip,
+            backwards,
+            bool(linear_before_reset),
+            bool(input_forget),
+        )
+    else:
+        y, y_h, y_c = _reference_loop(
+            kind,
+            x,
+            w,
+            r,
+            b,
+            lens,
+            initial_h,
+            initial_c,
+            p,
+            acts,
+            clip,
+            backwards,
+            linear_before_reset,
+            input_forget,
+        )
+    if layout:
+        y = y.transpose(2, 0, 1, 3)
+        y_h, y_c = y_h.swapaxes(0, 1), y_c.swapaxes(0, 1)
+    return (
+        y.astype(out_dtype, copy=False),
+        y_h.astype(out_dtype, copy=False),
+        y_c.astype(out_dtype, copy=False),
+    )
+
+
+def _reference_loop(
+    kind: str,
+    x: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    b: np.ndarray | None,
+    lens: np.ndarray | None,
+    initial_h: np.ndarray | None,
+    initial_c: np.ndarray | None,
+    p: np.ndarray | None,
+    acts: tuple[tuple[_Act, ...], ...],
+    clip: float | None,
+    backwards: list[bool],
+    linear_before_reset: int,
+    input_forget: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The loop over time in numpy, one step at a time (layout 0)."""
+    dtype = x.dtype
+    steps, batch, _ = x.shape
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    hidden = r.shape[-1]
     y = np.zeros((steps, len(backwards), batch, hidden), dtype=dtype)
     y_h = np.empty((len(backwards), batch, hidden), dtype=dtype)
     y_c = np.empty((len(backwards), batch, hidden), dtype=dtype)
@@ -200,14 +296,7 @@ def _run(
                 y[t, d] = h_new
             h, c = h_new, c_new
         y_h[d], y_c[d] = h, c
-    if layout:
-        y = y.transpose(2, 0, 1, 3)
-        y_h, y_c = y_h.swapaxes(0, 1), y_c.swapaxes(0, 1)
-    return (
-        y.astype(out_dtype, copy=False),
-        y_h.astype(out_dtype, copy=False),
-        y_c.astype(out_dtype, copy=False),
-    )
+    return y, y_h, y_c
 
 
 class _Cell:
@@ -267,6 +356,247 @@ class _Cell:
         return o * act_h(c_new), c_new
 
 
+#: Multiply-adds of the hidden products (steps x batch x hidden x gate rows) above which
+#: the batch rows and directions are run on the session's threads: about 150 us of work
+#: per part at the loop's 30 GMAC/s, to pay the pool's 50-150 us wake-up.
+_PARALLEL_WORK = 4_000_000
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """One node's weights laid out for the compiled loop, per direction."""
+
+    #: The arrays they come from, ``(W, R, B, P)``, compared by identity.
+    sources: tuple[np.ndarray | None, ...]
+    #: ``W^T`` of every direction side by side: inputs x (directions x gate rows).
+    wt: np.ndarray
+    #: ``R^T``: directions x hidden x gate rows.
+    rt: np.ndarray
+    #: What the loop adds to ``X W^T``: ``Wb + Rb``, but ``Wbh`` alone for GRU's h gate
+    #: with ``linear_before_reset``.
+    bias: np.ndarray
+    #: GRU's ``Rbh`` with ``linear_before_reset`` (zeros otherwise).
+    rbh: np.ndarray
+    #: LSTM's peepholes ``P_i, P_o, P_f`` as directions x 3 x hidden (zeros without ``P``).
+    peep: np.ndarray
+
+
+class CompiledRecurrence:
+    """The loop over time of float32 RNN, GRU and LSTM, compiled by numba.
+
+    One per node kernel, built at session creation (which imports numba). The
+    input projection of every step and direction is one GEMM; then each
+    direction's steps run in one call of ``nxrt_ep_cpu.jit.rnn``, the batch cut
+    in chunks of rows run on the session's threads when the work pays for it.
+    ``W^T``, ``R^T`` and the summed biases are prepared once per run, or once
+    for the session where ``W``, ``R``, ``B`` and ``P`` are the graph's
+    constants (recognised by identity: those arrays are the session's own,
+    read-only, passed on every run).
+    """
+
+    def __init__(self, parallel: HostParallel | None, constant_weights: bool) -> None:
+        from nxrt_ep_cpu.jit import rnn as compiled
+
+        self._compiled = compiled
+        self._blas = _cblas_sgemm()
+        self._parallel = parallel
+        self._constant_weights = constant_weights
+        self._prepared: _Weights | None = None
+        self._activations: tuple[Any, ...] | None = None
+        self._full_lens = np.zeros(0, np.int64)  # sequence_lens when absent, kept per shape
+
+    def supports(
+        self, x: np.ndarray, r: np.ndarray, acts: tuple[tuple[_Act, ...], ...], clip: float | None
+    ) -> bool:
+        """Whether the compiled loop computes this node (else numpy does)."""
+        if x.dtype != np.float32 or r.shape[-1] == 0 or (clip is not None and clip <= 0):
+            return False
+        return self._activation_arrays(acts) is not None
+
+    def _weights(
+        self,
+        kind: str,
+        w: np.ndarray,
+        r: np.ndarray,
+        b: np.ndarray | None,
+        p: np.ndarray | None,
+        linear_before_reset: bool = False,
+    ) -> _Weights:
+        """The weights laid out for the compiled loop; cached for constant weights."""
+        cached = self._prepared
+        sources = (w, r, b, p)
+        if cached is not None and all(c is s for c, s in zip(cached.sources, sources, strict=True)):
+            return cached
+        directions, width, hidden = r.shape
+        inputs = w.shape[-1]
+        w32 = w.astype(np.float32, copy=False).reshape(directions * width, inputs)
+        rt = np.ascontiguousarray(r.astype(np.float32, copy=False).transpose(0, 2, 1))
+        if b is None:
+            wb = rb = np.zeros((directions, width), np.float32)
+        else:
+            wb = b[:, :width].astype(np.float32)
+            rb = b[:, width:].astype(np.float32)
+        bias, rbh = wb + rb, np.zeros((directions, hidden), np.float32)
+        if kind == "GRU" and linear_before_reset:  # then the reset gate scales Rbh
+            bias[:, 2 * hidden :] = wb[:, 2 * hidden :]
+            rbh[...] = rb[:, 2 * hidden :]
+        peep = np.zeros((directions, 3, hidden), np.float32)
+        if kind == "LSTM" and p is not None:
+            peep[...] = p.reshape(directions, 3, hidden)
+        weights = _Weights(
+            sources, np.ascontiguousarray(w32.T), rt, np.ascontiguousarray(bias), rbh, peep
+        )
+        if self._constant_weights:
+            self._prepared = weights
+        return weights
+
+    def _activation_arrays(
+        self, acts: tuple[tuple[_Act, ...], ...]
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        """Per direction, the activations' codes, alphas and betas as the loop takes them;
+        ``None`` if one is not compiled."""
+        cached = self._activations
+        if cached is not None and cached[0] is acts:
+            return cached[1]
+        codes = self._compiled.ACTIVATION_CODES
+        arrays = None
+        if all(a.name in codes for d in acts for a in d):
+            arrays = [
+                (
+                    np.array([codes[a.name] for a in d], np.int64),
+                    np.array([a.alpha for a in d], np.float32),
+                    np.array([a.beta for a in d], np.float32),
+                )
+                for d in acts
+            ]
+        self._activations = (acts, arrays)
+        return arrays
+
+    def _row_chunks(self, work: int, batch: int, directions: int) -> list[range] | None:
+        """The batch rows of each part when the directions and chunks of rows should run
+        on the pool (``None``: all on this thread); ``work`` is per direction.
+
+        Chunks hold whole row pairs, which the hidden product takes together.
+        """
+        parallel = self._parallel
+        if parallel is None or parallel.threads < 2 or work * directions < 2 * _PARALLEL_WORK:
+            return None
+        chunks = min(
+            max(parallel.threads // directions, 1),
+            (batch + 1) // 2,
+            max(work // _PARALLEL_WORK, 1),
+        )
+        if chunks * directions < 2:
+            return None
+        pairs = parallel.split((batch + 1) // 2, chunks)
+        return [range(2 * c.start, min(2 * c.stop, batch)) for c in pairs]
+
+    def run(
+        self,
+        kind: str,
+        x: np.ndarray,
+        w: np.ndarray,
+        r: np.ndarray,
+        b: np.ndarray | None,
+        lens: np.ndarray | None,
+        initial_h: np.ndarray | None,
+        initial_c: np.ndarray | None,
+        p: np.ndarray | None,
+        acts: tuple[tuple[_Act, ...], ...],
+        clip: float | None,
+        backwards: list[bool],
+        linear_before_reset: bool,
+        input_forget: bool,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(Y, Y_h, Y_c)`` in layout 0, as :func:`_reference_loop` computes them."""
+        compiled = self._compiled
+        steps, batch, inputs = x.shape
+        directions, width, hidden = r.shape
+        y = np.empty((steps, directions, batch, hidden), np.float32)
+        y_h = np.zeros((directions, batch, hidden), np.float32)
+        y_c = np.zeros((directions, batch, hidden), np.float32)
+        if initial_h is not None:
+            y_h[...] = initial_h
+        if initial_c is not None and kind == "LSTM":
+            y_c[...] = initial_c
+        if steps == 0 or batch == 0:
+            return y, y_h, y_c
+        weights = self._weights(kind, w, r, b, p, linear_before_reset)
+        rt, bias, rbh, peep = weights.rt, weights.bias, weights.rbh, weights.peep
+        xw = np.matmul(x.reshape(steps * batch, inputs), weights.wt).reshape(steps, batch, -1)
+        if lens is None:
+            lens = self._full_lens
+            if lens.shape[0] != batch or (batch and lens[0] != steps):
+                lens = self._full_lens = np.full(batch, steps, np.int64)
+        bound = np.float32(np.inf if clip is None else clip)
+        block = compiled.column_block(hidden, width)
+        activations = self._activation_arrays(acts)
+
+        def steps_of(part: tuple[int, range]) -> None:
+            d, rows = part
+            common = (y, d, lens, backwards[d], rows.start, rows.stop, bound)
+            blas = self._blas if compiled.use_blas(len(rows), width) else (0, False)
+            tail = (*activations[d], block, blas)
+            col = d * width
+            if kind == "RNN":
+                compiled.rnn_steps(xw, col, bias[d], rt[d], y_h[d], *common, *tail)
+            elif kind == "GRU":
+                compiled.gru_steps(
+                    xw, col, bias[d], rbh[d], rt[d], y_h[d], *common, linear_before_reset, *tail
+                )
+            else:
+                compiled.lstm_steps(
+                    xw,
+                    col,
+                    bias[d],
+                    peep[d],
+                    rt[d],
+                    y_h[d],
+                    y_c[d],
+                    *common,
+                    input_forget,
+                    *tail,
+                )
+
+        rows = self._row_chunks(steps * batch * hidden * width, batch, directions)
+        if rows is None:
+            for d in range(directions):
+                steps_of((d, range(batch)))
+        else:
+            parts = [(d, chunk) for d in range(directions) for chunk in rows]
+            self._parallel.map(steps_of, parts)
+        return y, y_h, y_c
+
+
+def _cblas_sgemm() -> tuple[int, bool]:
+    """The address of ``cblas_sgemm`` in numpy's BLAS and whether its integers are 64-bit,
+    for the compiled loop to call; address 0 where that BLAS is not reachable."""
+    from nxrt_ep_cpu.ops._blas import GEMM
+
+    return (0, False) if GEMM is None else GEMM.address(np.dtype(np.float32))
+
+
+def _is_constant(node: ir.Node, index: int) -> bool:
+    """Whether input ``index`` is absent or a constant no feed can replace."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    return value is None or (value.const_value is not None and not value.is_graph_input())
+
+
+def _kernel(ep: ExecutionProvider, node: ir.Node, fn: Callable[..., Any]) -> CpuKernel:
+    """A recurrent node's kernel: ``fn`` with the node's attributes and a compiled loop."""
+    weights = (1, 2, 3, 7) if node.op_type == "LSTM" else (1, 2, 3)
+    attrs = attribute_values(node)
+    attrs["_recurrence"] = CompiledRecurrence(
+        ep.parallel, constant_weights=all(_is_constant(node, i) for i in weights)
+    )
+    return CpuKernel(
+        fn,
+        attrs,
+        variant="numba",
+        variant_reason="float32 loop compiled; other dtypes, Softplus, clip <= 0 in numpy",
+    )
+
+
 def _float_list(values) -> list[float] | None:
     return None if values is None else [float(v) for v in values]
 
@@ -274,9 +604,11 @@ def _float_list(values) -> list[float] | None:
 # One function per op serves every version: a version's attributes are a subset of the
 # latest's with the same defaults (the ONNX checker refuses the others), and opset 1's
 # ``output_sequence`` only says whether Y is wanted, which the graph already says.
+# ``_recurrence`` is set by the node's kernel (:func:`_kernel`) and runs the float32 loop
+# compiled; called without it, each function is the numpy reference.
 
 
-@op("RNN", since=(1, 7, 14, 22))
+@op("RNN", since=(1, 7, 14, 22), factory=lambda ep, node: _kernel(ep, node, rnn))
 def rnn(
     x: np.ndarray,
     w: np.ndarray,
@@ -294,6 +626,7 @@ def rnn(
     hidden_size: int | None = None,
     layout: int = 0,
     output_sequence: int = 0,
+    _recurrence: CompiledRecurrence | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Simple RNN: ``H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)``; ``layout=1`` is batch-first.
 
@@ -318,11 +651,12 @@ def rnn(
         direction=direction,
         hidden_size=hidden_size,
         layout=layout,
+        recurrence=_recurrence,
     )
     return y, y_h
 
 
-@op("GRU", since=(3, 7, 14, 22))
+@op("GRU", since=(3, 7, 14, 22), factory=lambda ep, node: _kernel(ep, node, gru))
 def gru(
     x: np.ndarray,
     w: np.ndarray,
@@ -341,6 +675,7 @@ def gru(
     layout: int = 0,
     linear_before_reset: int = 0,
     output_sequence: int = 0,
+    _recurrence: CompiledRecurrence | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """GRU, gates z, r, h; ``layout=1`` is batch-first."""
     y, y_h, _ = _run(
@@ -359,11 +694,12 @@ def gru(
         hidden_size=hidden_size,
         layout=layout,
         linear_before_reset=linear_before_reset,
+        recurrence=_recurrence,
     )
     return y, y_h
 
 
-@op("GRU", since=1)
+@op("GRU", since=1, factory=lambda ep, node: _kernel(ep, node, gru_1))
 def gru_1(
     x: np.ndarray,
     w: np.ndarray,
@@ -380,6 +716,7 @@ def gru_1(
     direction: str = "foward",
     hidden_size: int | None = None,
     output_sequence: int = 0,
+    _recurrence: CompiledRecurrence | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """GRU opset 1, whose schema spells the default direction "foward"."""
     return gru(
@@ -395,10 +732,11 @@ def gru_1(
         clip=clip,
         direction=direction,
         hidden_size=hidden_size,
+        _recurrence=_recurrence,
     )
 
 
-@op("LSTM", since=(1, 7, 14, 22))
+@op("LSTM", since=(1, 7, 14, 22), factory=lambda ep, node: _kernel(ep, node, lstm))
 def lstm(
     x: np.ndarray,
     w: np.ndarray,
@@ -419,6 +757,7 @@ def lstm(
     input_forget: int = 0,
     layout: int = 0,
     output_sequence: int = 0,
+    _recurrence: CompiledRecurrence | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """LSTM, gates i, o, f, c, optional peepholes ``P``; ``layout=1`` is batch-first."""
     return _run(
@@ -439,4 +778,5 @@ def lstm(
         hidden_size=hidden_size,
         input_forget=input_forget,
         layout=layout,
+        recurrence=_recurrence,
     )
