@@ -13,6 +13,7 @@ original thread counts when the last cap ends.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
 import threading
@@ -98,6 +99,12 @@ class _BlasGovernor:
 
 
 _governor = _BlasGovernor()
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager[None]:
+    """BLAS held to one thread (process-wide) for a call too small to gain from more: a
+    kernel's own choice, made through the same governor as the session's caps."""
+    return _governor.cap(1)
 
 
 class _CapChooser:

@@ -2,10 +2,11 @@
 
 Each pass keeps the model's results (to float32 rounding) and only touches
 what it proves safe: constants it owns, values no graph output exposes.
-Fusions that produce standard ops (Conv+BatchNormalization, MatMul+Add into
-Gemm) always run; fusions into nxrt's own ``pkg.nxrt`` ops (FusedConv,
-FusedMatMul) run where ``supports(domain, op_type)`` says the EP has a
-kernel for the fused op.
+Rewrites that produce standard ops (Conv+BatchNormalization, MatMul+Add into
+Gemm, Gemm weights stored untransposed) always run; fusions into nxrt's own
+``pkg.nxrt`` ops (FusedConv, FusedMatMul, with the activations of
+:func:`_fused_activation`) run where ``supports(domain, op_type)`` says the EP
+has a kernel for the fused op.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ if TYPE_CHECKING:
     from nxrt.provider import ExecutionProvider
 
 
-#: Activations a FusedConv or FusedMatMul applies (ONNX Runtime's FusedConv names).
-FUSABLE_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh")  # and Gelu, for MatMul
+#: Single-node activations a FusedConv or FusedMatMul applies (ONNX Runtime's FusedConv
+#: names, and HardSwish). The fused ops also apply subgraphs that compute one activation:
+#: ``x * Sigmoid(x)`` (Swish), ``x * HardSigmoid(x)`` with HardSwish's constants, and
+#: GELU in its erf and tanh forms (Gelu, FastGelu); see :func:`_fused_activation`.
+FUSABLE_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish")
+#: HardSigmoid's parameters inside HardSwish (``x * HardSigmoid(x)``), as float32.
+_HARD_SWISH_ALPHA, _HARD_SWISH_BETA = float(np.float32(1 / 6)), 0.5
 
 
 def _only_user(value: ir.Value, graph: ir.Graph) -> ir.Node | None:
@@ -144,6 +150,8 @@ def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
     if node.op_type == "LeakyRelu":
         alpha = node.attributes.get("alpha")
         return "LeakyRelu", [float(alpha.value) if alpha is not None else 0.01]
+    if node.op_type == "HardSigmoid":
+        return "HardSigmoid", list(_hard_sigmoid_parameters(node))
     if node.op_type != "Clip":
         return (node.op_type, []) if len(node.inputs) == 1 else None
     bounds = [-np.inf, np.inf]
@@ -162,10 +170,25 @@ def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
     return "Clip", bounds
 
 
-def _scalar(value: ir.Value | None, want: float) -> bool:
-    """Whether ``value`` is a constant scalar close to ``want`` (exporters round them)."""
+def _hard_sigmoid_parameters(node: ir.Node) -> tuple[float, float]:
+    """A HardSigmoid node's ``alpha`` and ``beta``, with ONNX's defaults."""
+    alpha, beta = node.attributes.get("alpha"), node.attributes.get("beta")
+    return (
+        float(alpha.value) if alpha is not None else float(np.float32(0.2)),
+        float(beta.value) if beta is not None else 0.5,
+    )
+
+
+def _scalar(value: ir.Value | None, want: float, relative: float | None = None) -> bool:
+    """Whether ``value`` is a constant scalar close to ``want`` (exporters round them):
+    within 1e-4, or within ``relative`` of ``want`` when given."""
     array = _constant(value)
-    return array is not None and array.size == 1 and abs(float(array.reshape(())) - want) < 1e-4
+    if array is None or array.size != 1:
+        return False
+    got = float(array.reshape(()))
+    if relative is not None:
+        return abs(got - want) <= relative * abs(want)
+    return abs(got - want) < 1e-4
 
 
 def _other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
@@ -176,69 +199,216 @@ def _other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
     return second if first is value else first if second is value else None
 
 
-def _gelu_chain(value: ir.Value, graph: ir.Graph) -> tuple[list[ir.Node], ir.Value] | None:
-    """The nodes of ``0.5 x (1 + erf(x / sqrt 2))`` computed from ``value``, and its result.
+def _fused_activation(
+    value: ir.Value, graph: ir.Graph
+) -> tuple[list[ir.Node], ir.Value, tuple[str, list[float]]] | None:
+    """The activation applied to ``value`` and nothing else, as a fused op names it: its
+    nodes (in graph order), its result, and ``(name, params)``; ``None`` when ``value``
+    has other readers or no activation follows.
+
+    A single activation node (:data:`FUSABLE_ACTIVATIONS`); ``x * Sigmoid(x)`` (Swish,
+    EfficientNet's SiLU); ``x * HardSigmoid(x)`` with alpha 1/6 and beta 0.5 (HardSwish
+    as exported before opset 14); GELU in its erf form or its tanh form (BERT, GPT-2).
+    """
+    user = _only_user(value, graph)
+    if user is not None:
+        activation = _activation(user)
+        if activation is not None:
+            return [user], user.outputs[0], activation
+    gated = _gated(value, graph)
+    if gated is not None:
+        return gated
+    gelu = _gelu_chain(value, graph)
+    if gelu is not None:
+        return gelu
+    return None
+
+
+def _gated(
+    value: ir.Value, graph: ir.Graph
+) -> tuple[list[ir.Node], ir.Value, tuple[str, list[float]]] | None:
+    """``x * Sigmoid(x)`` as Swish, ``x * HardSigmoid(x)`` (HardSwish's constants) as
+    HardSwish: ``value`` read by the gate and the Mul only, the gate by the Mul only."""
+    uses = [use[0] for use in value.uses()]
+    if value in graph.outputs or len(uses) != 2 or uses[0] is uses[1]:
+        return None
+    for gate in uses:
+        if not _standard(gate, "Sigmoid", "HardSigmoid") or len(gate.inputs) != 1:
+            continue
+        times = next(node for node in uses if node is not gate)
+        if (
+            not _standard(times, "Mul")
+            or _only_user(gate.outputs[0], graph) is not times
+            or _other_input(times, value) is not gate.outputs[0]
+        ):
+            return None
+        if gate.op_type == "Sigmoid":
+            return [gate, times], times.outputs[0], ("Swish", [])
+        alpha, beta = _hard_sigmoid_parameters(gate)
+        if abs(alpha - _HARD_SWISH_ALPHA) > 1e-7 or beta != _HARD_SWISH_BETA:
+            return None
+        return [gate, times], times.outputs[0], ("HardSwish", [])
+    return None
+
+
+def _gelu_chain(
+    value: ir.Value, graph: ir.Graph
+) -> tuple[list[ir.Node], ir.Value, tuple[str, list[float]]] | None:
+    """The nodes of GELU computed from ``value``, its result and the fused name: the erf
+    form ``0.5 x (1 + erf(x / sqrt 2))`` (Gelu), the tanh form
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (FastGelu), or the standard
+    Gelu op.
 
     Matches the orders exporters write (``x * 0.5`` first, last, or on the
-    ``1 + erf`` factor), and the standard Gelu op (``approximate="none"``).
+    ``1 + f`` factor; ``x^3`` as Pow or as two Muls; operands either way round).
+    Every reader of ``value`` must belong to the chain.
     """
     uses = [use[0] for use in value.uses()]
-    if value in graph.outputs:
+    if value in graph.outputs or not uses:
         return None
     if len(uses) == 1 and _standard(uses[0], "Gelu"):
         mode = uses[0].attributes.get("approximate")
-        return ([uses[0]], uses[0].outputs[0]) if mode is None or mode.value == "none" else None
-    if len(uses) != 2 or uses[0] is uses[1]:
+        mode = "none" if mode is None else mode.value
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        name = {"none": "Gelu", "tanh": "FastGelu"}.get(mode)
+        return ([uses[0]], uses[0].outputs[0], (name, [])) if name else None
+    for first in uses:
+        inner = _erf_part(first, value, graph) or _tanh_part(first, value, graph)
+        if inner is None:
+            continue
+        nodes, plus, name = inner
+        tail = _half_product(value, plus, graph)
+        if tail is None:
+            continue
+        chain = nodes + tail[0]
+        if all(any(use is node for node in chain) for use in uses):
+            return chain, tail[1], (name, [])
+    return None
+
+
+def _erf_part(
+    scale: ir.Node, value: ir.Value, graph: ir.Graph
+) -> tuple[list[ir.Node], ir.Node, str] | None:
+    """``1 + erf(x / sqrt 2)`` (or ``x * sqrt(1/2)``) from its first node, ``scale``:
+    its nodes and the ``1 +`` node."""
+    if not _standard(scale, "Div", "Mul") or scale.inputs[0] is not value:
         return None
-    for scale in uses:
-        other = _other_input(scale, value) if _standard(scale, "Div", "Mul") else None
-        want = math.sqrt(2.0) if scale.op_type == "Div" else math.sqrt(0.5)
-        if other is not None and scale.inputs[0] is value and _scalar(other, want):
-            break
-    else:
+    want = math.sqrt(2.0) if scale.op_type == "Div" else math.sqrt(0.5)
+    if not _scalar(_other_input(scale, value), want):
         return None
     erf = _only_user(scale.outputs[0], graph)
-    plus = _only_user(erf.outputs[0], graph) if erf is not None and _standard(erf, "Erf") else None
+    if erf is None or not _standard(erf, "Erf"):
+        return None
+    plus = _plus_one(erf, graph)
+    return ([scale, erf, plus], plus, "Gelu") if plus is not None else None
+
+
+def _tanh_part(
+    start: ir.Node, value: ir.Value, graph: ir.Graph
+) -> tuple[list[ir.Node], ir.Node, str] | None:
+    """``1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))`` from its first node, ``start`` (the Pow
+    or the first Mul of ``x^3``): its nodes and the ``1 +`` node."""
+    cube = _cube(start, value, graph)
+    if cube is None:
+        return None
+    nodes, cubed = cube
+    scaled = _only_user(cubed.outputs[0], graph)
+    if (
+        scaled is None
+        or not _standard(scaled, "Mul")
+        or not _scalar(_other_input(scaled, cubed.outputs[0]), 0.044715, relative=1e-6)
+    ):
+        return None
+    inner = _only_user(scaled.outputs[0], graph)
+    if (
+        inner is None
+        or not _standard(inner, "Add")
+        or _other_input(inner, scaled.outputs[0]) is not value
+    ):
+        return None
+    argument = _only_user(inner.outputs[0], graph)
+    if (
+        argument is None
+        or not _standard(argument, "Mul")
+        or not _scalar(
+            _other_input(argument, inner.outputs[0]), math.sqrt(2 / math.pi), relative=1e-6
+        )
+    ):
+        return None
+    tanh = _only_user(argument.outputs[0], graph)
+    if tanh is None or not _standard(tanh, "Tanh"):
+        return None
+    plus = _plus_one(tanh, graph)
+    if plus is None:
+        return None
+    return [*nodes, scaled, inner, argument, tanh, plus], plus, "FastGelu"
+
+
+def _cube(start: ir.Node, value: ir.Value, graph: ir.Graph) -> tuple[list[ir.Node], ir.Node] | None:
+    """``x^3`` from its first node: ``Pow(x, 3)``, or ``Mul(x, x)`` then a Mul by ``x``
+    (either way round). Returns its nodes and the last one."""
+    if _standard(start, "Pow") and start.inputs[0] is value and len(start.inputs) == 2:
+        exponent = _constant(start.inputs[1])
+        if exponent is not None and exponent.size == 1 and float(exponent.reshape(())) == 3.0:
+            return [start], start
+        return None
+    if not _standard(start, "Mul") or list(start.inputs) != [value, value]:
+        return None
+    cubed = _only_user(start.outputs[0], graph)
+    if cubed is None or not _standard(cubed, "Mul"):
+        return None
+    if _other_input(cubed, start.outputs[0]) is not value:
+        return None
+    return [start, cubed], cubed
+
+
+def _plus_one(node: ir.Node, graph: ir.Graph) -> ir.Node | None:
+    """The only reader of ``node``'s output when it is ``Add(output, 1)``."""
+    plus = _only_user(node.outputs[0], graph)
     if (
         plus is None
         or not _standard(plus, "Add")
-        or not _scalar(_other_input(plus, erf.outputs[0]), 1.0)
+        or not _scalar(_other_input(plus, node.outputs[0]), 1.0)
     ):
         return None
-    times = next(n for n in uses if n is not scale)
-    if not _standard(times, "Mul"):
+    return plus
+
+
+def _half_product(
+    value: ir.Value, plus: ir.Node, graph: ir.Graph
+) -> tuple[list[ir.Node], ir.Value] | None:
+    """``0.5 * x * (1 + f)`` from the ``1 + f`` node: ``(x * (1 + f)) * 0.5``,
+    ``(x * 0.5) * (1 + f)`` or ``x * ((1 + f) * 0.5)``. Returns the nodes after ``plus``
+    (in graph order) and the result."""
+    factor = plus.outputs[0]
+    user = _only_user(factor, graph)
+    if user is None or not _standard(user, "Mul"):
         return None
-    nodes = [scale, erf, plus, times]
-    if _other_input(times, value) is plus.outputs[0]:  # x * (1 + erf), then * 0.5
-        half = _only_user(times.outputs[0], graph)
-        if (
-            _only_user(plus.outputs[0], graph) is not times
-            or half is None
-            or not _standard(half, "Mul")
-            or not _scalar(_other_input(half, times.outputs[0]), 0.5)
-        ):
+    other = _other_input(user, factor)
+    if other is value:  # x * (1 + f), then * 0.5
+        half = _only_user(user.outputs[0], graph)
+        if half is None or not _standard(half, "Mul"):
             return None
-        return [*nodes, half], half.outputs[0]
-    if _scalar(_other_input(times, value), 0.5):  # (x * 0.5) * (1 + erf)
-        last = _only_user(times.outputs[0], graph)
-        if last is None or _only_user(plus.outputs[0], graph) is not last:
+        if not _scalar(_other_input(half, user.outputs[0]), 0.5):
             return None
-        if not _standard(last, "Mul"):
+        return [user, half], half.outputs[0]
+    if _scalar(other, 0.5):  # x * ((1 + f) * 0.5)
+        times = _only_user(user.outputs[0], graph)
+        if times is None or not _standard(times, "Mul"):
             return None
-        return [*nodes, last], last.outputs[0]
-    half = _only_user(plus.outputs[0], graph)  # x * ((1 + erf) * 0.5)
+        if _other_input(times, user.outputs[0]) is not value:
+            return None
+        return [user, times], times.outputs[0]
+    producer = other.producer() if other is not None else None  # (x * 0.5) * (1 + f)
     if (
-        half is None
-        or not _standard(half, "Mul")
-        or not _scalar(_other_input(half, plus.outputs[0]), 0.5)
+        producer is None
+        or not _standard(producer, "Mul")
+        or _only_user(other, graph) is not user
+        or _other_input(producer, value) is None
+        or not _scalar(_other_input(producer, value), 0.5)
     ):
         return None
-    if (
-        _only_user(half.outputs[0], graph) is not times
-        or _other_input(times, value) is not half.outputs[0]
-    ):
-        return None
-    return [scale, erf, plus, half, times], times.outputs[0]
+    return [producer, user], user.outputs[0]
 
 
 def _replace_chain(graph: ir.Graph, chain: list[ir.Node], fused: ir.Node, result: ir.Value) -> None:
@@ -452,7 +622,8 @@ class FuseConvActivation(ir.passes.InPlacePass):
     activation are applied in place on the Conv result: each fused node
     saves a pass over the activations and an allocation. Runs after
     :class:`FuseConvBatchNorm`, so ResNet's Conv -> BN -> Add -> Relu
-    becomes one node.
+    becomes one node, and EfficientNet's Conv -> BN -> Sigmoid, Mul (SiLU) and
+    MobileNetV3's Conv -> BN -> HardSwish do too (see :func:`_fused_activation`).
     """
 
     def __init__(self, supports: Callable[[str, str], bool] | None) -> None:
@@ -482,10 +653,9 @@ class FuseConvActivation(ir.passes.InPlacePass):
                     z = other
                     chain.append(user)
                     value = user.outputs[0]
-                    user = _only_user(value, graph)
-            if user is not None and (activation := _activation(user)) is not None:
-                chain.append(user)
-                value = user.outputs[0]
+            if (fused_activation := _fused_activation(value, graph)) is not None:
+                nodes, value, activation = fused_activation
+                chain.extend(nodes)
             if len(chain) == 1:
                 continue
             bias = conv.inputs[2] if len(conv.inputs) > 2 else None
@@ -558,16 +728,10 @@ class FuseMatMulAdd(ir.passes.InPlacePass):
                     bias_value = _new_initializer(graph, f"{other.name}_flat", flat_bias)
                 fused = ir.Node("", "Gemm", [a, b, bias_value], num_outputs=1, name=matmul.name)
             elif fused_ok and rank is not None and rank > 2:
-                user = _only_user(value, graph)
-                activation = _activation(user) if user is not None else None
-                attributes = []
-                if activation is not None:
-                    chain.append(user)
-                    value = user.outputs[0]
-                elif (gelu := _gelu_chain(value, graph)) is not None:
-                    activation = ("Gelu", [])
-                    chain.extend(gelu[0])
-                    value = gelu[1]
+                activation, attributes = None, []
+                if (fused_activation := _fused_activation(value, graph)) is not None:
+                    nodes, value, activation = fused_activation
+                    chain.extend(nodes)
                 if activation is not None:
                     attributes.append(ir.AttrString("activation", activation[0]))
                     if activation[1]:
@@ -592,6 +756,59 @@ class FuseMatMulAdd(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, bool(self.fused))
 
 
+class TransposeGemmWeights(ir.passes.InPlacePass):
+    """Store the constant ``B`` of a ``transB=1`` Gemm transposed, and clear ``transB``.
+
+    torch exports every Linear layer as ``Gemm(x, W, b, transB=1)``. OpenBLAS
+    multiplies by a transposed operand more slowly when the product has few
+    rows (measured, one thread: [8, 256] x [256, 256] 42 against 10 µs,
+    [8, 768] x [768, 768] 371 against 168 µs; 5-10% at 197 rows), so the
+    weights are transposed once here; the product is the same sum of the same
+    terms. Weights another node also reads are left as they are (a second copy
+    would double their memory), and so are those of a Gemm known to have one row
+    (a classifier at batch 1): its matrix-vector product reads the weights faster
+    as they are with two threads (measured, [1, 768] x [768, 3072]: 61 against 74 µs).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transposed: list[str] = []
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        for gemm in list(graph):
+            if not _standard(gemm, "Gemm") or len(gemm.inputs) < 2:
+                continue
+            trans = gemm.attributes.get("transB")
+            weights = gemm.inputs[1]
+            if trans is None or not trans.value or weights is None:
+                continue
+            array = _constant(weights)
+            if array is None or array.ndim != 2 or array.dtype.kind != "f":
+                continue
+            if len(list(weights.uses())) != 1 or weights in graph.outputs:
+                continue
+            if weights in graph.inputs or weights.name not in graph.initializers:
+                continue
+            if _rows(gemm) == 1:
+                continue
+            transposed = _new_initializer(graph, f"{weights.name}_t", np.ascontiguousarray(array.T))
+            gemm.replace_input_with(1, transposed)
+            gemm.attributes["transB"] = ir.AttrInt64("transB", 0)
+            graph.initializers.pop(weights.name)
+            self.transposed.append(gemm.name)
+        return ir.passes.PassResult(model, bool(self.transposed))
+
+
+def _rows(gemm: ir.Node) -> int | None:
+    """The row count of a Gemm's product, when shape inference fixed it."""
+    shape = _static_shape(gemm.inputs[0])
+    if shape is None or len(shape) != 2:
+        return None
+    trans = gemm.attributes.get("transA")
+    return shape[1] if trans is not None and trans.value else shape[0]
+
+
 def cpu_passes(ep: ExecutionProvider) -> list[ir.passes.PassBase]:
     """The cpu EP's fusions, in the order they build on each other."""
 
@@ -604,4 +821,5 @@ def cpu_passes(ep: ExecutionProvider) -> list[ir.passes.PassBase]:
         FoldPreActivation(),
         FuseConvActivation(supports),
         FuseMatMulAdd(supports),
+        TransposeGemmWeights(),
     ]

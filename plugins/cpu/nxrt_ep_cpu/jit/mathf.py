@@ -126,7 +126,8 @@ def erf(x):  # pragma: no cover - compiled by numba
     z = c * c
     p = (((((_P0 * z + _P1) * z + _P2) * z + _P3) * z + _P4) * z + _P5) * z + _P6
     q = (((_Q0 * z + _Q1) * z + _Q2) * z + _Q3) * z + _Q4
-    return np.float32(c * p / q) if x == x else x
+    e = min(max(c * p / q, -_ONE), _ONE)  # the rational form overshoots 1 by 4e-7 near 4
+    return np.float32(e) if x == x else x
 
 
 _SQRT_HALF = np.float32(np.sqrt(0.5))

@@ -50,8 +50,13 @@ def _split_heads(x: np.ndarray, heads: int, name: str) -> np.ndarray:
 
 def _softmax_rows(logits: np.ndarray, *, zero_empty: bool = True) -> np.ndarray:
     """Softmax over the last axis; an all ``-inf`` row gives zeros, not NaN, unless
-    ``zero_empty`` is off (then it is the formula's NaN)."""
+    ``zero_empty`` is off (then it is the formula's NaN, and float32 takes the compiled
+    softmax)."""
     if not zero_empty:
+        if logits.dtype == np.float32 and logits.size:
+            from nxrt_ep_cpu.jit import norm
+
+            return norm.softmax(logits, logits.ndim - 1, False, None)
         with np.errstate(invalid="ignore"):
             e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
             e /= np.sum(e, axis=-1, keepdims=True)

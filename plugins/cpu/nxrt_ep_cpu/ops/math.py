@@ -3,16 +3,124 @@
 Every kernel returns the input's dtype. Types numpy cannot compute in
 (bfloat16, float8: ml_dtypes types) are computed in float32 and rounded back;
 attributes are Python floats, which numpy casts to the array's dtype.
+
+The registered functions are the numpy references. A session runs the
+activations real models use (here Erf, Gelu, HardSigmoid, HardSwish, Swish;
+Relu, LeakyRelu, Sigmoid and Clip in ``elementwise``) through an
+:class:`ActivationKernel`: float32 inputs take one compiled pass
+(:mod:`nxrt_ep_cpu.jit.elementwise`), every other input the reference.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nxrt.errors import KernelFailed
+from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.host_parallel import HostParallel
+    from nxrt.provider import ExecutionProvider
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+class ActivationKernel(CpuKernel):
+    """An activation whose float32 inputs take one compiled pass, split across the
+    session's pool when large; other dtypes run the registered numpy function.
+
+    A non-contiguous float32 input is copied first. Clip's bounds (inputs from
+    opset 11) arrive with each call.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        attrs: dict[str, Any],
+        compiled: Any,
+        parallel: HostParallel | None,
+    ) -> None:
+        super().__init__(fn, attrs, variant="numba")
+        self.compiled = compiled
+        self.parallel = parallel
+
+    @property
+    def direct_call(self) -> Callable[..., np.ndarray]:
+        return self.run
+
+    def run(self, x: np.ndarray, *bounds: np.ndarray | None) -> np.ndarray:
+        if x.dtype != _FLOAT32:
+            return self._call(x, *bounds)
+        limits = _clip_bounds(*bounds) if bounds else None
+        if bounds and limits is None:
+            return self._call(x, *bounds)
+        if not x.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d x 1-d)
+            x = np.ascontiguousarray(x)
+        return self.compiled.map(x, self.parallel, limits)
+
+
+def _clip_bounds(
+    lo: np.ndarray | None = None, hi: np.ndarray | None = None
+) -> tuple[float, float] | None:
+    """Clip's ``min`` and ``max`` inputs as floats (absent: unbounded); ``None`` when one is
+    NaN or not a float32 scalar (the reference's numpy semantics then apply)."""
+    values = []
+    for bound, default in ((lo, -math.inf), (hi, math.inf)):
+        if bound is None:
+            values.append(default)
+            continue
+        if bound.dtype != _FLOAT32 or bound.size != 1:
+            return None
+        value = float(bound.reshape(()))
+        if value != value:
+            return None
+        values.append(value)
+    return values[0], values[1]
+
+
+def compiled_activation(op_type: str, attrs: dict[str, Any]) -> tuple[str, Sequence[float]] | None:
+    """The compiled activation (name and parameters, as ``jit.elementwise.Activation`` takes
+    them) that computes ``op_type`` with these attributes (defaults included), or ``None``."""
+    if op_type == "Gelu":
+        approximate = attrs["approximate"]
+        approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+        return {"none": ("Gelu", ()), "tanh": ("FastGelu", ())}.get(approximate)
+    if op_type == "Clip":
+        return "Clip", (attrs.get("min", -math.inf), attrs.get("max", math.inf))
+    if op_type == "LeakyRelu" or op_type == "Swish":
+        return op_type, (attrs["alpha"],)
+    if op_type == "HardSigmoid":
+        return op_type, (attrs["alpha"], attrs["beta"])
+    return op_type, ()
+
+
+def activation_kernel(ep: ExecutionProvider, node: ir.Node, fn: Callable[..., Any]) -> CpuKernel:
+    """The kernel of an activation node: an :class:`ActivationKernel` around the numpy
+    reference ``fn``, its compiled pass loaded now (session creation) rather than on the
+    first run."""
+    from nxrt_ep_cpu.jit import elementwise as compiled_ops
+
+    attrs = attribute_values(node)
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
+    }
+    form = compiled_activation(node.op_type, {**defaults, **attrs})
+    if form is None:
+        return CpuKernel(fn, attrs)
+    compiled = compiled_ops.Activation(*form)
+    compiled.map(np.zeros(16, np.float32))  # compiles, or loads from the disk cache
+    return ActivationKernel(fn, attrs, compiled, ep.parallel)
 
 
 def _work(x: np.ndarray) -> np.ndarray:
@@ -195,7 +303,7 @@ def erf_float(x: np.ndarray) -> np.ndarray:
     return np.where(a <= 1, small, large).reshape(shape)
 
 
-@op("Erf", since=(9, 13))
+@op("Erf", since=(9, 13), factory=lambda ep, node: activation_kernel(ep, node, erf))
 def erf(x: np.ndarray, /) -> np.ndarray:
     if x.dtype.kind in "iu":
         return np.asarray(np.rint(erf_float(x.astype(np.float64)))).astype(x.dtype)
@@ -267,14 +375,16 @@ def selu(
     return _unary(lambda v: gamma * np.where(v > 0, v, alpha * np.expm1(v)), x)
 
 
-@op("HardSigmoid", since=(6, 22))
+@op(
+    "HardSigmoid", since=(6, 22), factory=lambda ep, node: activation_kernel(ep, node, hard_sigmoid)
+)
 def hard_sigmoid(
     x: np.ndarray, /, *, alpha: float = float(np.float32(0.2)), beta: float = 0.5
 ) -> np.ndarray:
     return _unary(lambda v: np.clip(alpha * v + beta, 0, 1), x)
 
 
-@op("HardSwish", since=(14, 22))
+@op("HardSwish", since=(14, 22), factory=lambda ep, node: activation_kernel(ep, node, hard_swish))
 def hard_swish(x: np.ndarray, /) -> np.ndarray:
     """``x * HardSigmoid(x)`` with ``alpha = 1/6``, ``beta = 0.5``."""
     return _unary(lambda v: v * np.clip(v * (1 / 6) + 0.5, 0, 1), x)
@@ -306,7 +416,7 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
     return np.where(v >= 0, 1 / (1 + e), e / (1 + e))
 
 
-@op("Swish", since=24)
+@op("Swish", since=24, factory=lambda ep, node: activation_kernel(ep, node, swish))
 def swish(x: np.ndarray, /, *, alpha: float = 1.0) -> np.ndarray:
     """``x * sigmoid(alpha * x)``."""
     return _unary(lambda v: v * _sigmoid(alpha * v), x)
@@ -337,7 +447,7 @@ def prelu(x: np.ndarray, slope: np.ndarray, /) -> np.ndarray:
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 
-@op("Gelu", since=20)
+@op("Gelu", since=20, factory=lambda ep, node: activation_kernel(ep, node, gelu))
 def gelu(x: np.ndarray, /, *, approximate: str = "none") -> np.ndarray:
     """``x * Phi(x)``; ``approximate="tanh"`` uses the tanh formula."""
     if approximate == "tanh":

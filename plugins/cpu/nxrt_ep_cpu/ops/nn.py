@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nxrt.contrib_ops import DOMAIN, FUSED_SINCE
 from nxrt.errors import KernelFailed
+from nxrt.host_parallel import one_blas_thread
+from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
-from nxrt_ep_cpu.ops.elementwise import inplace_activation
+from nxrt_ep_cpu.ops.elementwise import NUMPY_FASTER, inplace_activation
+from nxrt_ep_cpu.ops.normalization import pooled
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.host_parallel import HostParallel
+    from nxrt.provider import ExecutionProvider
 
 _EPSILON = float(np.float32(1e-5))  # the schema default, a float32 value
 _MOMENTUM = float(np.float32(0.9))
@@ -128,25 +141,50 @@ def lrn(
     return (wide / (bias + (alpha / size) * total) ** beta).astype(x.dtype, copy=False)
 
 
-@op("Softmax", since=(1, 11))
+def _fast_flat(
+    x: np.ndarray, /, *, log: bool, parallel: HostParallel | None = None, axis: int = 1
+) -> np.ndarray:
+    """Softmax or LogSoftmax of opsets 1 and 11, compiled for float32 (the references
+    :func:`softmax_1` and :func:`log_softmax_1` run for the other dtypes)."""
+    start = axis + x.ndim if axis < 0 else axis
+    if x.dtype == np.float32 and x.size and 0 <= start <= x.ndim:
+        from nxrt_ep_cpu.jit import norm
+
+        return norm.softmax(_as_2d(x, start), 1, log, parallel).reshape(x.shape)
+    return (log_softmax_1 if log else softmax_1)(x, axis=axis)
+
+
+def _fast_along(
+    x: np.ndarray, /, *, log: bool, parallel: HostParallel | None = None, axis: int = -1
+) -> np.ndarray:
+    """Softmax or LogSoftmax of opset 13, compiled for float32 (the references
+    :func:`softmax` and :func:`log_softmax` run for the other dtypes)."""
+    if x.dtype == np.float32 and x.size and -x.ndim <= axis < x.ndim:
+        from nxrt_ep_cpu.jit import norm
+
+        return norm.softmax(x, axis % x.ndim, log, parallel)
+    return (log_softmax if log else softmax)(x, axis=axis)
+
+
+@op("Softmax", since=(1, 11), factory=pooled(partial(_fast_flat, log=False)))
 def softmax_1(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
     """Softmax over the flattened axes ``axis..`` (the input seen as 2-D, opsets 1 and 11)."""
     return _softmax(_as_2d(x, axis), axis=1).reshape(x.shape)
 
 
-@op("Softmax", since=13)
+@op("Softmax", since=13, factory=pooled(partial(_fast_along, log=False)))
 def softmax(x: np.ndarray, /, *, axis: int = -1) -> np.ndarray:
     """Softmax along one axis (opset 13 semantics)."""
     return _softmax(x, axis)
 
 
-@op("LogSoftmax", since=(1, 11))
+@op("LogSoftmax", since=(1, 11), factory=pooled(partial(_fast_flat, log=True)))
 def log_softmax_1(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
     """LogSoftmax over the flattened axes ``axis..`` (opsets 1 and 11)."""
     return _log_softmax(_as_2d(x, axis), axis=1).reshape(x.shape)
 
 
-@op("LogSoftmax", since=13)
+@op("LogSoftmax", since=13, factory=pooled(partial(_fast_along, log=True)))
 def log_softmax(x: np.ndarray, /, *, axis: int = -1) -> np.ndarray:
     """LogSoftmax along one axis (opset 13 semantics)."""
     return _log_softmax(x, axis)
@@ -195,7 +233,170 @@ def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return y
 
 
-@op("Gemm", since=(1, 6))
+# -- dense layers: Gemm, MatMul, FusedMatMul ----------------------------------------------------
+
+#: The sizes (multiply-adds, m * k * n) of the GEMMs held to one BLAS thread. OpenBLAS
+#: gives a GEMM a second thread from 2^18 multiply-adds on, but measured here, one thread
+#: against two on an idle machine, [8, 256] x [256, 256] takes 10 µs both ways and
+#: [64, 256] x [256, 256] 98 against 91 µs; while another process holds the second
+#: core, the two-thread call waits for it ([32, 256] x [256, 256]: mean 1.5-1.9 ms
+#: against 0.13-0.18 ms held to one). Holding costs about 5 µs (two thread-count
+#: changes), which the smallest products (below 2^20) do not repay. A single row is a
+#: matrix-vector product, bound by reading the weights, which two threads read faster
+#: ([1, 2048] x [2048, 1000]: 125 against 60 µs), so it is never held.
+_SERIAL_GEMM_MACS = range(1 << 20, 1 << 22)
+_BLAS_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` of 2-D arrays, a GEMM too small to gain from BLAS's second thread on one
+    (the session's cap on BLAS threads is process-wide, so it goes through its governor)."""
+    if a.shape[0] > 1 and a.shape[0] * a.shape[1] * b.shape[1] in _SERIAL_GEMM_MACS:
+        with one_blas_thread():
+            return np.matmul(a, b)
+    return np.matmul(a, b)
+
+
+def _rows_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` for ``a`` of shape ``(..., K)`` and a 2-D ``b``: one GEMM on the rows of
+    ``a`` (numpy's matmul runs one GEMM per matrix of a batch, each with a small M)."""
+    y = _product(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b)
+    return y.reshape(a.shape[:-1] + (b.shape[1],))
+
+
+class GemmKernel(CpuKernel):
+    """Gemm of float32 operands: the product on BLAS (one thread for small ones), then
+    ``C`` added as a row bias in one compiled pass split across the session's pool;
+    other dtypes and C layouts run the numpy reference.
+
+    The optimizer stores constant weights untransposed (``transB=1`` is slower in
+    OpenBLAS for few rows: 42 against 10 µs for [8, 256] x [256, 256]).
+    """
+
+    def __init__(
+        self, fn: Callable[..., np.ndarray], attrs: dict[str, Any], parallel: HostParallel | None
+    ) -> None:
+        super().__init__(fn, attrs, variant="blas")
+        self.alpha = float(attrs.get("alpha", 1.0))
+        self.beta = float(attrs.get("beta", 1.0))
+        self.trans_a, self.trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
+        self.parallel = parallel
+        from nxrt_ep_cpu.jit import elementwise as compiled_ops
+
+        self._add_bias = compiled_ops.add_bias
+        warm = np.zeros((1, 16), np.float32)
+        self._add_bias(warm, warm[0])  # compiles, or loads from the disk cache, now
+
+    @classmethod
+    def create(
+        cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]
+    ) -> GemmKernel:
+        return cls(fn, attribute_values(node), ep.parallel)
+
+    @property
+    def direct_call(self) -> Callable[..., np.ndarray]:
+        return self.run
+
+    def run(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+        if not _float32(a, b, c) or a.ndim != 2 or b.ndim != 2:
+            return self._call(a, b, c)
+        y = _product(a.T if self.trans_a else a, b.T if self.trans_b else b)
+        if self.alpha != 1.0:
+            np.multiply(y, np.float32(self.alpha), out=y)
+        if c is None or self.beta == 0.0:
+            return y
+        n = y.shape[1]
+        if self.beta == 1.0 and c.ndim <= 2 and c.size == n and c.shape[-1:] == (n,) and n:
+            self._add_bias(y, np.ascontiguousarray(c).reshape(n), self.parallel)
+            return y
+        np.add(y, c * np.float32(self.beta) if self.beta != 1.0 else c, out=y)
+        return y
+
+
+class MatMulKernel(CpuKernel):
+    """MatMul of float32 or float64 operands by 2-D weights as one GEMM on the rows of
+    the first (see :func:`_rows_product`); every other case is numpy's matmul."""
+
+    @classmethod
+    def create(
+        cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]
+    ) -> MatMulKernel:
+        return cls(fn, attribute_values(node), variant="blas")
+
+    @property
+    def direct_call(self) -> Callable[..., np.ndarray]:
+        return self.run
+
+    def run(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if a.dtype in _BLAS_DTYPES and b.dtype == a.dtype and b.ndim == 2 and a.ndim >= 1:
+            return _rows_product(a, b)
+        return self._call(a, b)
+
+
+class FusedMatMulKernel(CpuKernel):
+    """FusedMatMul of float32 operands: one GEMM on the rows of ``a``, then the bias and
+    the activation in one compiled pass over each row while it is in cache (split
+    across the session's pool when large); other dtypes run the numpy reference."""
+
+    def __init__(
+        self, fn: Callable[..., np.ndarray], attrs: dict[str, Any], parallel: HostParallel | None
+    ) -> None:
+        super().__init__(fn, attrs, variant="numba")
+        from nxrt_ep_cpu.jit import elementwise as compiled_ops
+
+        name = attrs.get("activation", "")
+        name = name.decode() if isinstance(name, bytes) else name
+        self.parallel = parallel
+        params = attrs.get("activation_params") or ()
+        #: An activation the compiled loops lack runs (and fails) in the reference.
+        self.known = not name or name in compiled_ops.CODES
+        self.compiled, self.activate = None, None
+        if name in NUMPY_FASTER:  # the bias compiled, the activation numpy's
+            self.activate = inplace_activation(name, params)
+        elif name and self.known:
+            self.compiled = compiled_ops.Activation(name, params)
+        self._add_bias = compiled_ops.add_bias
+        warm = np.zeros((1, 16), np.float32)
+        if self.compiled is not None:  # compile, or load from the disk cache, now
+            self.compiled.epilogue(warm, None)
+        self._add_bias(warm, warm[0])
+
+    @classmethod
+    def create(
+        cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]
+    ) -> FusedMatMulKernel:
+        return cls(fn, attribute_values(node), ep.parallel)
+
+    @property
+    def direct_call(self) -> Callable[..., np.ndarray]:
+        return self.run
+
+    def run(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        n = b.shape[-1]
+        if not _float32(a, b, bias) or b.ndim != 2 or (bias is not None and bias.size != n):
+            return self._call(a, b, bias)
+        if not self.known:
+            return self._call(a, b, bias)
+        y = _rows_product(a, b)
+        rows = y.reshape(math.prod(y.shape[:-1]), n)
+        if bias is not None:
+            bias = np.ascontiguousarray(bias).reshape(n)
+        if self.compiled is not None:
+            self.compiled.epilogue(rows, bias, self.parallel)
+            return y
+        if bias is not None:
+            self._add_bias(rows, bias, self.parallel)
+        if self.activate is not None:
+            self.activate(rows)
+        return y
+
+
+def _float32(*arrays: np.ndarray | None) -> bool:
+    return all(x is None or x.dtype == _FLOAT32 for x in arrays)
+
+
+@op("Gemm", since=(1, 6), factory=lambda ep, node: GemmKernel.create(ep, node, gemm_1))
 def gemm_1(
     a: np.ndarray,
     b: np.ndarray,
@@ -212,7 +413,7 @@ def gemm_1(
     return gemm(a, b, c, alpha=alpha, beta=beta, transA=transA, transB=transB)
 
 
-@op("Gemm", since=(7, 9, 11, 13))
+@op("Gemm", since=(7, 9, 11, 13), factory=lambda ep, node: GemmKernel.create(ep, node, gemm))
 def gemm(
     a: np.ndarray,
     b: np.ndarray,
@@ -237,7 +438,7 @@ def gemm(
     return y
 
 
-@op("MatMul", since=(1, 9, 13))
+@op("MatMul", since=(1, 9, 13), factory=lambda ep, node: MatMulKernel.create(ep, node, mat_mul))
 def mat_mul(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
     """Matrix product with numpy's rules for 1-D operands and batch broadcasting.
 
@@ -246,7 +447,12 @@ def mat_mul(a: np.ndarray, b: np.ndarray, /) -> np.ndarray:
     return np.asarray(np.matmul(a, b)).astype(a.dtype, copy=False)
 
 
-@op("FusedMatMul", since=FUSED_SINCE, domain=DOMAIN)
+@op(
+    "FusedMatMul",
+    since=FUSED_SINCE,
+    domain=DOMAIN,
+    factory=lambda ep, node: FusedMatMulKernel.create(ep, node, fused_mat_mul),
+)
 def fused_mat_mul(
     a: np.ndarray,
     b: np.ndarray,

@@ -2,17 +2,65 @@
 
 Statistics are computed in the op's ``stash_type`` (float32 by default), or in
 the input's dtype when that is wider, then the result is cast back.
+
+The registered functions are the numpy references. A session runs Layer, RMS,
+Group and Instance normalization through the kernel of :func:`pooled`: float32
+inputs take the compiled row kernels of :mod:`nxrt_ep_cpu.jit.norm` (on the
+session's pool for large inputs), every other case the reference.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
 from nxrt.errors import KernelFailed
+from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
 
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.host_parallel import HostParallel
+    from nxrt.provider import ExecutionProvider
+
 _EPSILON = float(np.float32(1e-5))  # the schema default, a float32 value
+_FLOAT32 = np.dtype(np.float32)
+_STASH_FLOAT = 1  # TensorProto.FLOAT
+
+
+def pooled(fast: Callable[..., Any]) -> Callable[[ExecutionProvider, ir.Node], CpuKernel]:
+    """A registry ``factory``: the node's kernel calls ``fast`` with its attributes and
+    the session's pool (keyword ``parallel``), for kernels that split large calls."""
+
+    def factory(ep: ExecutionProvider, node: ir.Node) -> CpuKernel:
+        attrs = {**attribute_values(node), "parallel": ep.parallel}
+        return CpuKernel(fast, attrs, variant="numba")
+
+    return factory
+
+
+def _float32(*arrays: np.ndarray | None) -> bool:
+    return all(a is None or a.dtype == _FLOAT32 for a in arrays)
+
+
+def _per_value(param: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``param`` broadcast to ``shape`` (the normalized axes), flat and contiguous; None
+    when it broadcasts over other axes too (the reference handles that)."""
+    if param.shape == shape and param.flags.c_contiguous:
+        return param.reshape(-1)
+    if param.ndim > len(shape):
+        return None
+    try:
+        full = np.broadcast_to(param, shape)
+    except ValueError:
+        return None
+    return np.ascontiguousarray(full).reshape(-1)
 
 
 def _stash(stash_type: int, dtype: np.dtype) -> np.dtype:
@@ -39,7 +87,34 @@ def _axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
-@op("LayerNormalization", since=17)
+def _fast_layer_normalization(
+    x: np.ndarray,
+    scale: np.ndarray,
+    b: np.ndarray | None = None,
+    /,
+    *,
+    parallel: HostParallel | None = None,
+    axis: int = -1,
+    epsilon: float = _EPSILON,
+    stash_type: int = 1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`layer_normalization`, compiled for float32."""
+    axis = _axis(axis, x.ndim)
+    inner = x.shape[axis:]
+    if stash_type == _STASH_FLOAT and x.size and _float32(x, scale, b):
+        scale_values = _per_value(scale, inner)
+        bias_values = _per_value(b, inner) if b is not None else None
+        if scale_values is not None and (b is None or bias_values is not None):
+            from nxrt_ep_cpu.jit import norm
+
+            rows = np.ascontiguousarray(x).reshape(-1, math.prod(inner))
+            y, mean, inv_std = norm.layer_norm(rows, scale_values, bias_values, epsilon, parallel)
+            stats = x.shape[:axis] + (1,) * len(inner)
+            return y.reshape(x.shape), mean.reshape(stats), inv_std.reshape(stats)
+    return layer_normalization(x, scale, b, axis=axis, epsilon=epsilon, stash_type=stash_type)
+
+
+@op("LayerNormalization", since=17, factory=pooled(_fast_layer_normalization))
 def layer_normalization(
     x: np.ndarray,
     scale: np.ndarray,
@@ -76,7 +151,30 @@ def layer_normalization(
     )
 
 
-@op("RMSNormalization", since=23)
+def _fast_rms_normalization(
+    x: np.ndarray,
+    scale: np.ndarray,
+    /,
+    *,
+    parallel: HostParallel | None = None,
+    axis: int = -1,
+    epsilon: float = _EPSILON,
+    stash_type: int = 1,
+) -> np.ndarray:
+    """:func:`rms_normalization`, compiled for float32."""
+    axis = _axis(axis, x.ndim)
+    inner = x.shape[axis:]
+    if stash_type == _STASH_FLOAT and x.size and _float32(x, scale):
+        scale_values = _per_value(scale, inner)
+        if scale_values is not None:
+            from nxrt_ep_cpu.jit import norm
+
+            rows = np.ascontiguousarray(x).reshape(-1, math.prod(inner))
+            return norm.rms_norm(rows, scale_values, epsilon, parallel).reshape(x.shape)
+    return rms_normalization(x, scale, axis=axis, epsilon=epsilon, stash_type=stash_type)
+
+
+@op("RMSNormalization", since=23, factory=pooled(_fast_rms_normalization))
 def rms_normalization(
     x: np.ndarray,
     scale: np.ndarray,
@@ -122,7 +220,51 @@ def _group_norm(
     return y.astype(x.dtype, copy=False)
 
 
-@op("GroupNormalization", since=18)
+def _fast_group_norm(
+    x: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    groups: int,
+    epsilon: float,
+    parallel: HostParallel | None,
+) -> np.ndarray | None:
+    """The compiled group norm for float32 ``(N, C, ...)`` with per-channel parameters;
+    None where the reference must run (other dtypes, empty tensors, bad attributes)."""
+    if x.ndim < 2 or not x.size or not _float32(x, scale, bias):
+        return None
+    c = x.shape[1]
+    if groups <= 0 or c % groups or scale.size != c or bias.size != c:
+        return None
+    from nxrt_ep_cpu.jit import norm
+
+    x = np.ascontiguousarray(x)
+    scale, bias = np.ascontiguousarray(scale).reshape(-1), np.ascontiguousarray(bias).reshape(-1)
+    return norm.group_norm(x, scale, bias, groups, epsilon, parallel)
+
+
+def _fast_group_normalization_18(
+    x: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    /,
+    *,
+    parallel: HostParallel | None = None,
+    epsilon: float = _EPSILON,
+    num_groups: int,
+) -> np.ndarray:
+    """:func:`group_normalization_18`, compiled for float32."""
+    c = x.shape[1] if x.ndim >= 2 else 0
+    channel_scale, channel_bias = scale, bias
+    if scale.size == num_groups and bias.size == num_groups and num_groups and c % num_groups == 0:
+        channel_scale = np.repeat(scale.reshape(-1), c // num_groups)
+        channel_bias = np.repeat(bias.reshape(-1), c // num_groups)
+    y = _fast_group_norm(x, channel_scale, channel_bias, num_groups, epsilon, parallel)
+    if y is None:
+        return group_normalization_18(x, scale, bias, epsilon=epsilon, num_groups=num_groups)
+    return y
+
+
+@op("GroupNormalization", since=18, factory=pooled(_fast_group_normalization_18))
 def group_normalization_18(
     x: np.ndarray,
     scale: np.ndarray,
@@ -141,7 +283,29 @@ def group_normalization_18(
     return _group_norm(x, scale, bias, num_groups, epsilon, work)
 
 
-@op("GroupNormalization", since=21)
+def _fast_group_normalization(
+    x: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    /,
+    *,
+    parallel: HostParallel | None = None,
+    epsilon: float = _EPSILON,
+    num_groups: int,
+    stash_type: int = 1,
+) -> np.ndarray:
+    """:func:`group_normalization`, compiled for float32."""
+    y = None
+    if stash_type == _STASH_FLOAT:
+        y = _fast_group_norm(x, scale, bias, num_groups, epsilon, parallel)
+    if y is None:
+        return group_normalization(
+            x, scale, bias, epsilon=epsilon, num_groups=num_groups, stash_type=stash_type
+        )
+    return y
+
+
+@op("GroupNormalization", since=21, factory=pooled(_fast_group_normalization))
 def group_normalization(
     x: np.ndarray,
     scale: np.ndarray,
@@ -156,7 +320,27 @@ def group_normalization(
     return _group_norm(x, scale, bias, num_groups, epsilon, _stash(stash_type, x.dtype))
 
 
-@op("InstanceNormalization", since=(1, 6, 22))
+def _fast_instance_normalization(
+    x: np.ndarray,
+    scale: np.ndarray,
+    b: np.ndarray,
+    /,
+    *,
+    parallel: HostParallel | None = None,
+    consumed_inputs: list[int] | None = None,
+    epsilon: float = _EPSILON,
+) -> np.ndarray:
+    """:func:`instance_normalization`, compiled for float32: a group norm of one channel
+    per group."""
+    y = None
+    if x.ndim >= 3:
+        y = _fast_group_norm(x, scale, b, x.shape[1], epsilon, parallel)
+    if y is None:
+        return instance_normalization(x, scale, b, epsilon=epsilon)
+    return y
+
+
+@op("InstanceNormalization", since=(1, 6, 22), factory=pooled(_fast_instance_normalization))
 def instance_normalization(
     x: np.ndarray,
     scale: np.ndarray,
