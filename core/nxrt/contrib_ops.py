@@ -159,8 +159,18 @@ def _fused_schemas() -> list[onnx.defs.OpSchema]:
         return schema.Attribute(name, helper.make_attribute(name, default), doc)
 
     activation = [
-        attr("activation", attr_type.STRING, "Relu, Clip, LeakyRelu, Sigmoid, Tanh or ''.", ""),
-        attr("activation_params", attr_type.FLOATS, "Clip: min, max; LeakyRelu: alpha."),
+        attr(
+            "activation",
+            attr_type.STRING,
+            "Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Swish, Gelu, "
+            "FastGelu (GELU's tanh form) or ''.",
+            "",
+        ),
+        attr(
+            "activation_params",
+            attr_type.FLOATS,
+            "Clip: min, max; LeakyRelu: alpha; HardSigmoid: alpha, beta; Swish: alpha.",
+        ),
     ]
     conv = schema(
         "FusedConv",
