@@ -73,8 +73,8 @@ def bench(label: str, path: str, feeds_of: Callable, args: argparse.Namespace) -
     second_creation = time.perf_counter() - start
     report = cached.get_partition().selection
     runners: dict[str, Any] = {"default": default}
-    for ep in nxrt.get_available_providers():
-        providers = [ep] if ep == "cpu" else [ep, "cpu"]
+    for ep in nxrt.get_available_providers():  # ONNX Runtime's names: CPUExecutionProvider
+        providers = ["cpu"] if ep in ("cpu", "CPUExecutionProvider") else [ep, "cpu"]
         try:
             runners[",".join(providers)] = session(path, providers, args.threads)
         except nxrt.errors.NxrtError as exc:
