@@ -1,39 +1,51 @@
-"""The GEMM-planned Conv kernel: one variant per input shape, chosen with its reason.
+"""The planned Conv kernel: one variant per input shape, chosen with its reason.
 
 The :class:`ConvKernel` built for every Conv node (and for the optimizer's
 ``pkg.nxrt::FusedConv``: a Conv with a residual input and an activation
 fused in) plans each input shape once and records the plan's variant, with
 its reason, as ``variant``/``variant_reason`` (the profiler writes both).
-The shapes the GEMM variants do not cover (N-D, half precision, integers,
+The shapes the variants do not cover (N-D, half precision, integers,
 cropping pads, empty tensors) run the reference convolution
 (:func:`~nxrt_ep_cpu.ops._conv_reference.convolve`, variant ``generic``);
 the others take the first of :data:`VARIANTS` that suits them:
 
-* :class:`Pointwise`: a 1x1 kernel without padding is one GEMM on the input
-  as it is (strided pixels gathered first);
-* :class:`Depthwise`: one filter per channel: the taps of a channel block
-  copied side by side, then a batched ``(1 x taps) @ (taps x pixels)`` matmul;
-* :class:`Im2col`: the shifted rows copied into one column matrix (row
-  copies from the flat layout of :class:`_Layout`, no transposing copy), then
-  one GEMM with ``K = taps x channels``: for groups with few channels, where a
-  GEMM per tap has too small a K, and for small feature maps, where the padded
-  rows of ``taps`` would waste too much of the GEMM;
+* :class:`Pointwise`: a 1x1 kernel without padding is one GEMM per image on
+  the input as it is (strided pixels gathered first); several small maps go
+  into one GEMM's columns, or through numpy's batched matmul for few channels;
+* :class:`Blocked` (float32): one filter per channel on maps up to
+  ``_BLOCKED_WIDTH`` wide, 16 channels at a time in channels-last, each
+  output pixel's 16 channels one vector register (``jit/conv.py``);
+* :class:`Direct` (float32): few channels per group (depthwise on larger
+  maps, grouped convolutions, stems), convolved directly in numba a band of
+  output rows at a time from the flat padded layout of :class:`_Layout`,
+  nine taps per vectorized pass, two filters at a time;
+* :class:`Depthwise` (float64, and strides above 2): one filter per
+  channel: the taps of a channel block copied side by side, then a batched
+  matmul;
+* :class:`Im2col`: the shifted rows copied into one column matrix, then one
+  GEMM with ``K = taps x channels``: for groups with few channels, where a
+  GEMM per tap has too small a K, and for small feature maps, where the
+  padded rows of ``taps`` would waste too much of the GEMM; maps smaller
+  than ``_BAND_COLUMNS`` pixels go several whole images per GEMM (columns
+  packed in numba for float32), never a GEMM per image;
 * :class:`Taps`: one GEMM per kernel tap, ``y += W_tap @ x_shifted``, each
   shifted input read in place from the flat padded copy, each product added
   in place by BLAS (``beta = 1``, see ``_blas.py``): no column matrix and no
   temporary at all.
 
-The GEMM's output starts as ``bias + residual`` (one pass) and BLAS adds the
-product to it in place; a Relu then costs one more pass, fused with the copy
-out of the padded rows where there is one.
+In the GEMM variants the output starts as ``bias + residual`` (one pass)
+and BLAS adds the product to it in place; a Relu then costs one more pass,
+fused with the copy out of the padded rows where there is one. The numba
+variants add the bias, the residual and a Relu/Clip as they write each
+output row; other activations run after, on the same block of output.
 
 The GEMMs run on BLAS's own threads (the session caps them per run, see
 :meth:`~nxrt.host_parallel.HostParallel.run_limits`): measured here,
 OpenBLAS shares packed panels between its threads and scales 1.8-1.9x on
 two cores, where splitting a GEMM across the session's pool reached
 1.3-1.6x (each half packs its operands again, and waking a pool thread
-costs 50-150 µs). Depthwise convolutions, whose many tiny GEMMs BLAS runs on
-one thread, are split by output rows across the pool instead.
+costs 50-150 µs). The numba variants, and bands of whole small images, are
+split across the pool instead, above a measured amount of work.
 """
 
 from __future__ import annotations
@@ -75,9 +87,42 @@ _DEPTHWISE_BLOCK = 1 << 18
 _BAND_VALUES = 1 << 20
 #: GEMM columns (output pixels) a band has at least.
 _BAND_COLUMNS = 512
+#: Channels per group from which a pointwise convolution of several small images moves
+#: them into one GEMM's columns (below, numpy's batched matmul is faster; measured).
+_POINTWISE_COLUMNS_CHANNELS = 64
+#: GEMM columns a band of whole small images reaches at most.
+_BATCH_COLUMNS = 8192
 #: Multiply-adds per group from which several groups go to BLAS one call each (~8 µs of
 #: ctypes per call) rather than through numpy's batched matmul and an add.
 _DIRECT_GROUP_MACS = 1 << 21
+
+#: (channels per group, least share of its computed values kept) under which the direct
+#: kernel beats a GEMM (measured on one core: 1.5-5x up to 16 channels per group,
+#: 1.1-1.4x at 32-64 on large maps; small maps, whose padded rows it computes too, go to
+#: the GEMMs).
+_DIRECT_CHANNELS = ((16, 0.7), (32, 0.85), (64, 0.9))
+#: Accumulator values of the direct kernel's band of output rows (in L1 with its inputs).
+_DIRECT_BAND = 2048
+#: Nanoseconds of one core's work from which the numba variants split it across the
+#: pool: the half saved then outweighs waking a pool thread (50-150 µs).
+_PARALLEL_NS = 200_000
+#: Multiply-adds per nanosecond the direct kernel computes on one core (padded rows and
+#: taps included): one filter at a time, and two (measured).
+_DIRECT_RATE = (15, 35)
+#: For the channel-blocked kernel: multiply-adds and moved values (to channels-last and
+#: back) per nanosecond on one core (measured).
+_BLOCKED_RATE = (20, 4)
+#: Where both direct kernels' geometry holds the clamp flag (cleared for a late residual).
+_CLAMP = 11
+#: Output width up to which depthwise convolutions run 16 channels at a time (above, the
+#: padded rows the plane-by-plane kernel computes cost less than moving to channels-last
+#: and back; measured: 1.4-3x faster up to 56, even at 112).
+_BLOCKED_WIDTH = 64
+#: SIMD lanes the direct kernel rounds its passes up to (reads run that far past a band).
+_LANES = 16
+#: Stand-ins for an absent bias and residual in the direct kernel's arguments.
+_NONE = np.zeros(0, np.float32)
+_NONE3 = np.zeros((0, 1, 1), np.float32)
 
 #: One piece of a plan's work: (image, first, stop) along output rows (pixels for
 #: :class:`Pointwise`).
@@ -113,6 +158,7 @@ class ConvKernel(NumpyKernel):
         self.act = inplace_activation(activation, activation_params)
         name = activation.decode() if isinstance(activation, bytes) else activation
         self.relu = name == "Relu"
+        self.clamp = _clamp(name, activation_params)
         self.parallel = parallel
         self.workspace = workspace if workspace is not None else Workspace()
         self._plans: dict[tuple[Any, ...], Reference | GemmPlan] = {}
@@ -191,6 +237,19 @@ def choose(
         if reason:
             return variant(shape, reason, kernel)
     raise AssertionError(f"no Conv variant suits {shape}")  # Taps suits every shape
+
+
+def _clamp(name: str, params: Sequence[float]) -> tuple[float, float] | None:
+    """The float32 bounds of a Relu or Clip activation (``None`` for the others), which the
+    direct kernel applies as it writes its output; the bounds :func:`inplace_activation`
+    uses, unbounded sides clipped to the finite range as Clip does."""
+    if name == "Relu":
+        return 0.0, float(np.inf)
+    if name == "Clip":
+        lo, hi = (*params, -np.inf, np.inf)[:2]
+        info = np.finfo(np.float32)
+        return float(max(lo, info.min)), float(min(hi, info.max))
+    return None
 
 
 class Reference:
@@ -418,6 +477,25 @@ class Pointwise(GemmPlan):
             reason += " (strided pixels gathered first)"
         return reason
 
+    def __init__(self, shape: ConvShape, reason: str, kernel: ConvKernel) -> None:
+        super().__init__(shape, reason, kernel)
+        n, pixels = shape.x[0], self.out_shape[2] * self.out_shape[3]
+        # small maps of several images: one GEMM over all their pixels (the input moved to
+        # (channel, image x pixel) and back), or for small channel counts numpy's batched
+        # matmul, whose per-image calls cost far less than a GEMM through ctypes
+        self.batch = ""
+        if n > 1 and pixels < _BAND_COLUMNS:
+            self.batch = "columns" if self.cg >= _POINTWISE_COLUMNS_CHANNELS else "matmul"
+            self.chunks = [(0, 0, pixels)]
+            self.reason = f"1x1 kernel without padding on {n} maps of {pixels} pixels: " + (
+                "all of them in one GEMM's columns"
+                if self.batch == "columns"
+                else "numpy's batched matmul over the images"
+            )
+        self.clamp = kernel.clamp
+        if self.batch == "columns" and shape.dtype == np.float32:
+            _warm_columns(self.m, pixels)
+
     def _extent(self, ho: int, wo: int) -> int:
         return ho * wo  # chunks of output pixels
 
@@ -433,6 +511,8 @@ class Pointwise(GemmPlan):
             sh, sw = self.strides
             x = x[:, :, ::sh, ::sw]
         pixels = out.shape[2] * out.shape[3]
+        if self.batch:
+            return self._batch_work(x, wp, out, b, z, act)
         x = np.ascontiguousarray(x).reshape(n, g, cg, pixels)
         y = out.reshape(n, g, mg, pixels)
         flat_out = out.reshape(n, m, pixels)
@@ -447,6 +527,309 @@ class Pointwise(GemmPlan):
             _activate(dst, dst, act, relu)
 
         return work
+
+    def _batch_work(self, x, wp, out, b, z, act) -> Work:
+        """Every image in one call: see :meth:`__init__`."""
+        n = self.x_shape[0]
+        g, mg, cg, m = self.group, self.mg, self.cg, self.m
+        pixels = out.shape[2] * out.shape[3]
+        flat_z = None if z is None else z.reshape(n, m, pixels)
+        b2 = None if b is None else b.reshape(m, 1)
+
+        def matmul(chunk: Chunk) -> None:
+            y = out.reshape(n, g, mg, pixels)
+            np.matmul(wp, x.reshape(n, g, cg, pixels), out=y)
+            _finish(y.reshape(n, m, pixels), y.reshape(n, m, pixels), b2, flat_z, act)
+
+        def columns(chunk: Chunk) -> None:
+            cols = np.empty((g, cg, n, pixels), self.dtype)
+            np.copyto(cols, x.reshape(n, g, cg, pixels).transpose(1, 2, 0, 3))
+            product = np.empty((g, mg, n * pixels), self.dtype)
+            _gemm(wp, cols.reshape(g, cg, n * pixels), product, 0.0)
+            moved = product.reshape(m, n, pixels)
+            if self.dtype == np.float32:
+                from nxrt_ep_cpu.jit.conv import columns_to_images
+
+                clamp = self.clamp if act is not None else None
+                lo, hi = clamp if clamp is not None else (0.0, 0.0)
+                columns_to_images(
+                    moved.reshape(m, n * pixels),
+                    out.reshape(n, m, pixels),
+                    _NONE if b is None else np.array(b.reshape(-1), np.float32),
+                    _NONE3 if flat_z is None else flat_z,
+                    0,
+                    lo,
+                    hi,
+                    clamp is not None,
+                )
+                if clamp is None and act is not None:
+                    act(out)
+            else:
+                _finish(moved.transpose(1, 0, 2), out.reshape(n, m, pixels), b2, flat_z, act)
+
+        return columns if self.batch == "columns" else matmul
+
+
+class Direct(GemmPlan):
+    """Few channels per group (depthwise above all), float32: convolved directly in numba
+    (``jit/conv.py``), a band of output rows at a time, nine taps per vectorized pass, the
+    bias, residual and a Relu/Clip applied as the band is written out."""
+
+    padded = False
+
+    @classmethod
+    def suits(cls, shape: ConvShape) -> str:
+        if shape.dtype != np.float32 or any(s > 2 for s in shape.win.strides):
+            return ""  # larger strides split the input in too many phases
+        layout, cg = shape.layout, shape.cg
+        band = max(1, min(layout.ho, _DIRECT_BAND // layout.wq))
+        computed = -(-band * layout.wq // _LANES) * _LANES
+        used = band * layout.wo / computed  # outputs kept of the values computed
+        if cg == 1:
+            return "one channel per group: direct loops, nine taps per vectorized pass"
+        for channels, least in _DIRECT_CHANNELS:
+            if cg <= channels and used >= least:
+                return (
+                    f"{cg} channels per group, {used:.0%} of the computed values kept: "
+                    "direct loops, nine taps per vectorized pass, two filters at a time"
+                )
+        return ""
+
+    def __init__(self, shape: ConvShape, reason: str, kernel: ConvKernel) -> None:
+        super().__init__(shape, reason, kernel)
+        self.variant = "depthwise" if shape.cg == 1 else "direct"
+        self.clamp = kernel.clamp
+        layout, cg = shape.layout, shape.cg
+        n = shape.x[0]
+        phases = layout.strides[0] * layout.strides[1]
+        hqwq = layout.hq * layout.wq
+        block = phases * hqwq
+        taps = [
+            ci * block + phase * hqwq + offset for ci in range(cg) for phase, offset in layout.taps
+        ]
+        count = -(-len(taps) // 3) * 3
+        if count % 9 == 6:
+            count += 3  # one pass of nine rather than two of three
+        self.width = count
+        self.starts = np.array(taps + [-1] * (count - len(taps)), np.int64)
+        band = max(1, min(layout.ho, _DIRECT_BAND // layout.wq))
+        zero = max(cg * block, max(taps) + layout.ho * layout.wq + _LANES)
+        size = zero + band * layout.wq + 2 * _LANES
+        self.geometry = np.array(
+            [
+                self.group,
+                cg,
+                self.mg,
+                layout.ho,
+                layout.wo,
+                layout.wq,
+                hqwq,
+                block,
+                size,
+                zero,
+                band,
+                int(self.clamp is not None),
+                *shape.win.begin,
+                *layout.strides,
+                0,
+            ],
+            np.int64,
+        )
+        threads = self.parallel.threads if self.parallel is not None else 1
+        bands = -(-layout.ho // band)
+        computed = n * self.m * bands * (-(-band * layout.wq // _LANES) * _LANES) * count
+        ns = computed / _DIRECT_RATE[self.mg > 1]
+        parts = threads if threads > 1 and ns >= _PARALLEL_NS else 1
+        # too few (image, group) pairs for the pool: their filters split in blocks too,
+        # an even number each (the kernel computes filters two at a time)
+        blocks = min(-(-self.mg // 2), -(-parts // (n * self.group)))
+        self.filter_block = 2 * -(-self.mg // (2 * blocks)) if blocks > 1 else self.mg
+        self.geometry[-1] = self.filter_block
+        self.items = n * self.group * -(-self.mg // self.filter_block)
+        self.ranges = _split(self.items, parts)
+        self._bias: tuple[Any, Any] = (None, None)
+        from nxrt_ep_cpu.jit.conv import direct_conv
+
+        self.kernel = direct_conv
+        self._warm()
+
+    def _warm(self) -> None:
+        """Compile the kernel (or load it from the disk cache) now, while the session is
+        created, with the argument types of a run and no work."""
+        plane = np.zeros((1, 1, 1), np.float32)
+        self._launch(
+            plane,
+            self.prepare(np.zeros(self.m * self.cg * self.taps)),
+            _NONE,
+            _NONE3,
+            plane,
+            self.geometry,
+            0.0,
+            0.0,
+            range(0),
+        )
+
+    def _bias_vector(self, b: np.ndarray) -> np.ndarray:
+        """The bias as a writeable float32 vector of the plan's own (the compiled kernel's
+        argument types, read-only arrays included, would otherwise differ run to run),
+        kept while the bias is the same constant array."""
+        source, vector = self._bias
+        if source is not b:
+            vector = np.array(b, np.float32).reshape(-1)
+            if not b.flags.writeable:
+                self._bias = (b, vector)
+        return vector
+
+    def _launch(self, x, wp, bias, residual, planes, geometry, lo, hi, part: range) -> None:
+        """The compiled kernel on work items ``part``."""
+        self.kernel(
+            x, wp, self.starts, bias, residual, planes, geometry, lo, hi, part.start, part.stop
+        )
+
+    def _plane(self, item: int) -> int:
+        """The first output plane (image x filters + filter) of work item ``item``."""
+        blocks = -(-self.mg // self.filter_block)
+        image, rest = divmod(item, self.group * blocks)
+        group, block = divmod(rest, blocks)
+        return image * self.m + group * self.mg + min(block * self.filter_block, self.mg)
+
+    def prepare(self, w: np.ndarray) -> np.ndarray:
+        flat = np.zeros((self.m, self.width), np.float32)
+        flat[:, : self.cg * self.taps] = w.reshape(self.m, self.cg * self.taps)
+        return flat
+
+    def run(self, x, w, b, z) -> np.ndarray:
+        n = self.x_shape[0]
+        _, c, h, width = self.x_shape
+        x = np.ascontiguousarray(x, np.float32).reshape(n * c, h, width)
+        wp = self._prepared(w)
+        out = np.empty(self.out_shape, np.float32)
+        planes = out.reshape(n * self.m, *self.out_shape[2:])
+        bias = _NONE if b is None else self._bias_vector(b)
+        late_z = None
+        residual = _NONE3
+        if z is not None:
+            if self.one_d and z.ndim == 3:
+                z = z.reshape(z.shape[:2] + (1,) + z.shape[2:])
+            if z.shape == self.out_shape:
+                residual = np.ascontiguousarray(z, np.float32).reshape(planes.shape)
+            else:
+                late_z = z  # a broadcast residual: added once the convolution is done
+        lo, hi = self.clamp if self.clamp is not None and late_z is None else (0.0, 0.0)
+        geometry = self.geometry
+        if late_z is not None:
+            geometry = geometry.copy()
+            geometry[_CLAMP] = 0
+        act = None if self.clamp is not None or late_z is not None else self.act
+        pixels = planes.shape[1] * planes.shape[2]
+        flat = planes.reshape(-1)
+
+        def work(part: range) -> None:
+            self._launch(x, wp, bias, residual, planes, geometry, lo, hi, part)
+            if act is not None:
+                first, stop = self._plane(part.start), self._plane(part.stop)
+                act(flat[first * pixels : stop * pixels])
+
+        if len(self.ranges) > 1:
+            self.parallel.map(work, self.ranges)
+        else:
+            work(range(self.items))
+        if late_z is not None:
+            np.add(out, late_z, out=out)
+            if self.act is not None:
+                self.act(out)
+        return out[:, :, 0, :] if self.one_d else out
+
+
+class Blocked(Direct):
+    """Depthwise on small maps, float32: 16 channels at a time in channels-last, each output
+    pixel's 16 channels one AVX-512 register (``jit/conv.py``), so that the padding is
+    never computed; the bias, residual and a Relu/Clip applied as the block is written."""
+
+    @classmethod
+    def suits(cls, shape: ConvShape) -> str:
+        c = shape.x[1]
+        if shape.dtype != np.float32 or not shape.group == c == shape.m:
+            return ""
+        if c < 16 or shape.win.out[1] > _BLOCKED_WIDTH:
+            return ""
+        return (
+            f"one filter per channel on a {shape.win.out[0]}x{shape.win.out[1]} map: 16 "
+            "channels per vector register, four pixels at a time"
+        )
+
+    def __init__(self, shape: ConvShape, reason: str, kernel: ConvKernel) -> None:
+        GemmPlan.__init__(self, shape, reason, kernel)
+        self.variant = "depthwise"
+        self.clamp = kernel.clamp
+        win = shape.win
+        n, c, h, w = shape.x
+        (kh, kw), (sh, sw), (dh, dw) = win.kernel, win.strides, win.dilations
+        (pt, pl), (ho, wo) = win.begin, win.out
+        hp = max(h + pt + win.end[0], (ho - 1) * sh + (kh - 1) * dh + 1)
+        wp = max(w + pl + win.end[1], (wo - 1) * sw + (kw - 1) * dw + 1)
+        self.offsets = np.array(
+            [(i * dh * wp + j * dw) * 16 for i in range(kh) for j in range(kw)], np.int64
+        )
+        self.blocks = -(-c // 16)
+        self.geometry = np.array(
+            [c, h, w, ho, wo, pt, pl, sh, sw, wp, hp, int(self.clamp is not None)], np.int64
+        )
+        self.items = n * self.blocks
+        self._tiles: tuple[Any, Any] = (None, None)
+        threads = self.parallel.threads if self.parallel is not None else 1
+        macs, moved = ho * wo * self.taps, h * w + ho * wo
+        ns = self.items * 16 * (macs / _BLOCKED_RATE[0] + moved / _BLOCKED_RATE[1])
+        parts = threads if threads > 1 and ns >= _PARALLEL_NS else 1
+        self.ranges = _split(self.items, parts)
+        from nxrt_ep_cpu.jit.conv import depthwise_blocks
+
+        self.kernel = depthwise_blocks
+        self._warm()
+
+    def prepare(self, w: np.ndarray) -> np.ndarray:
+        taps = np.zeros((self.blocks * 16, self.taps), np.float32)
+        taps[: self.m] = w.reshape(self.m, self.taps)
+        blocks = taps.reshape(self.blocks, 16, self.taps).transpose(0, 2, 1)
+        return np.ascontiguousarray(blocks).reshape(self.blocks, self.taps * 16)
+
+    def _bias_vector(self, b: np.ndarray) -> np.ndarray:
+        return b  # tiled (and copied) by :meth:`_tiled`
+
+    def _tiled(self, bias: np.ndarray) -> np.ndarray:
+        """Each block's 16 biases four times (the kernel's accumulators start at them); kept
+        while the bias is the same constant array."""
+        source, tiled = self._tiles
+        if source is bias:
+            return tiled
+        tiled = np.zeros((self.blocks, 4, 16), np.float32)
+        if bias.size:
+            padded = np.zeros(self.blocks * 16, np.float32)
+            padded[: bias.size] = bias
+            tiled[:] = padded.reshape(self.blocks, 1, 16)
+        tiled = tiled.reshape(self.blocks, 64)
+        if not bias.flags.writeable or bias is _NONE:
+            self._tiles = (bias, tiled)
+        return tiled
+
+    def _launch(self, x, wp, bias, residual, planes, geometry, lo, hi, part: range) -> None:
+        self.kernel(
+            x,
+            wp,
+            self._tiled(bias),
+            self.offsets,
+            residual,
+            planes,
+            geometry,
+            lo,
+            hi,
+            part.start,
+            part.stop,
+        )
+
+    def _plane(self, item: int) -> int:
+        image, block = divmod(item, self.blocks)
+        return image * self.m + min(block * 16, self.m)
 
 
 class Depthwise(GemmPlan):
@@ -509,11 +892,50 @@ class Im2col(GemmPlan):
             return f"{shape.cg} channels per group: columns copied, one GEMM with K={k}"
         return ""
 
+    def __init__(self, shape: ConvShape, reason: str, kernel: ConvKernel) -> None:
+        super().__init__(shape, reason, kernel)
+        n, pixels = shape.x[0], self.layout.ho * self.layout.wo
+        k = self.taps * self.cg
+        self.images = _images_per_band(n, pixels, k + self.m)
+        self.jit = None
+        if self.images > 1:
+            threads = self.parallel.threads if self.parallel is not None else 1
+            macs = n * pixels * k * self.m
+            if threads > 1 and macs >= _PARALLEL_MACS:
+                # bands of whole images are independent: one per pool thread at least,
+                # each with its own single-threaded GEMM
+                self.images = min(self.images, -(-n // threads))
+                self.split = True
+            self.chunks = [(i, 0, self.layout.ho) for i in range(0, n, self.images)]
+            self.reason += f", {self.images} images per GEMM"
+            if shape.dtype == np.float32:
+                from nxrt_ep_cpu.jit.conv import columns_to_images, image_columns
+
+                self.jit = (image_columns, columns_to_images)
+                _warm_columns(self.m, self.out_shape[2] * self.out_shape[3], shape.x)
+                self.padded = False
+                self.layout = None
+                win = shape.win
+                self.clamp = kernel.clamp
+                self.geometry = np.array(
+                    [
+                        self.group,
+                        *win.kernel,
+                        *win.strides,
+                        *win.dilations,
+                        *win.begin,
+                        *win.out,
+                    ],
+                    np.int64,
+                )
+
     def prepare(self, w: np.ndarray) -> np.ndarray:
         g, mg = self.group, self.mg
         return np.ascontiguousarray(w.transpose(0, 1, 3, 2)).reshape(g, mg, self.taps * self.cg)
 
     def work(self, src, wp, out, b, z, act) -> Work:
+        if self.images > 1:
+            return self._images_work(src, wp, out, b, z, act)
         relu = self.relu and act is not None
         layout, g, cg, mg, taps, wq, wo = (
             self.layout,
@@ -549,6 +971,86 @@ class Im2col(GemmPlan):
                 beta = _prefill(valid, b, None if z is None else z[i, :, a:e])
                 _gemm(wp, flat, acc, beta)
                 _activate(valid, dst, act, relu)
+
+        return work
+
+    def _images_work(self, src, wp, out, b, z, act) -> Work:
+        """Several whole images per GEMM: columns ``(tap, channel) x (image, pixel)``, one
+        GEMM per group for the band, then the product moved to ``(image, filter, pixel)``
+        with the fused terms."""
+        if self.jit is not None:
+            return self._jit_images_work(src, wp, out, b, z, act)
+        layout, g, cg, mg, taps, wq, wo = (
+            self.layout,
+            self.group,
+            self.cg,
+            self.mg,
+            self.taps,
+            *self._widths,
+        )
+        ho, n, m = layout.ho, self.x_shape[0], self.m
+        count = self.images * ho * wo
+        cols = np.empty((g, taps, cg, count), self.dtype)
+        acc = np.empty((g, mg, count), self.dtype)
+
+        def work(chunk: Chunk) -> None:
+            i0 = chunk[0]
+            i1 = min(n, i0 + self.images)
+            images, size = i1 - i0, (i1 - i0) * ho * wo
+            grid = cols[:, :, :, :size].reshape(g, taps, cg, images, ho, wo)
+            for t in range(taps):
+                phase, offset = layout.taps[t]
+                block = src[i0:i1, phase, :, offset : offset + ho * wq]
+                block = block.reshape(images, g, cg, ho, wq)[..., :wo]
+                grid[:, t] = block.transpose(1, 2, 0, 3, 4)
+            product = acc[:, :, :size]
+            _gemm(wp, grid.reshape(g, taps * cg, size), product, 0.0)
+            moved = product.reshape(m, images, ho, wo).transpose(1, 0, 2, 3)
+            _finish(moved, out[i0:i1], b, None if z is None else z[i0:i1], act)
+
+        return work
+
+    def _jit_images_work(self, x, wp, out, b, z, act) -> Work:
+        """:meth:`_images_work` with the columns packed straight from the input and the
+        product moved out, bias, residual and Relu/Clip in the same pass, in numba."""
+        image_columns, columns_to_images = self.jit
+        g, cg, mg, taps, m = self.group, self.cg, self.mg, self.taps, self.m
+        n, (ho, wo) = self.x_shape[0], self.out_shape[2:]
+        pixels = ho * wo
+        count = self.images * pixels
+        key = ("conv-image-columns", g, taps * cg, mg, count)
+        flat_out = out.reshape(n, m, pixels)
+        bias = _NONE if b is None else np.array(b.reshape(-1), np.float32)
+        residual = _NONE3 if z is None else z.reshape(n, m, pixels)
+        clamp = self.clamp if act is not None else None
+        lo, hi = clamp if clamp is not None else (0.0, 0.0)
+        rest = act if clamp is None else None
+        x = np.ascontiguousarray(x)
+
+        def work(chunk: Chunk) -> None:
+            i0 = chunk[0]
+            i1 = min(n, i0 + self.images)
+            size = (i1 - i0) * pixels
+            held = self.workspace.take(key, lambda: _image_scratch(g, taps * cg, mg, count))
+            try:
+                cols, acc = held
+                image_columns(x, cols, self.geometry, i0, i1)
+                product = acc[:, :, :size]
+                _gemm(wp, cols[:, :, :size], product, 0.0)
+                columns_to_images(
+                    product.reshape(m, size),
+                    flat_out,
+                    bias,
+                    residual,
+                    i0,
+                    lo,
+                    hi,
+                    clamp is not None,
+                )
+            finally:
+                self.workspace.give(key, held)
+            if rest is not None:
+                rest(out[i0:i1])
 
         return work
 
@@ -592,10 +1094,48 @@ class Taps(GemmPlan):
 
 #: The GEMM variants, in the order they are tried: the first that suits a shape is chosen
 #: (a 1x1 depthwise convolution is pointwise; :class:`Taps` suits every shape).
-VARIANTS: tuple[type[GemmPlan], ...] = (Pointwise, Depthwise, Im2col, Taps)
+VARIANTS: tuple[type[GemmPlan], ...] = (Pointwise, Blocked, Direct, Depthwise, Im2col, Taps)
 
 
 # -- the pieces the variants share --------------------------------------------------------------
+
+
+def _images_per_band(n: int, pixels: int, per_pixel: int) -> int:
+    """Whole images per GEMM for feature maps with fewer than ``_BAND_COLUMNS`` pixels (a
+    GEMM that narrow runs slowly and its call costs more than it computes), up to
+    ``_BATCH_COLUMNS`` columns and ``_BAND_VALUES`` values of temporaries; 1 for larger
+    maps, whose GEMMs go image by image into the output itself."""
+    if n < 2 or pixels >= _BAND_COLUMNS:
+        return 1
+    return max(1, min(n, _BATCH_COLUMNS // pixels, _BAND_VALUES // (per_pixel * pixels)))
+
+
+def _float_vector(b: np.ndarray) -> np.ndarray:
+    """``b`` as a contiguous float32 vector: the array itself when it is one already, so
+    that a constant bias keeps its identity (and what is prepared from it stays cached)."""
+    if b.dtype == np.float32 and b.ndim == 1 and b.flags.c_contiguous:
+        return b
+    return np.ascontiguousarray(b, np.float32).reshape(-1)
+
+
+def _warm_columns(m: int, pixels: int, x_shape: tuple[int, ...] | None = None) -> None:
+    """Compile the column kernels (or load them from the disk cache) now, while the session
+    is created, with the argument types of a run and no images."""
+    from nxrt_ep_cpu.jit.conv import columns_to_images, image_columns
+
+    product = np.zeros((m, 0), np.float32)
+    columns_to_images(
+        product, np.zeros((0, m, pixels), np.float32), _NONE, _NONE3, 0, 0.0, 0.0, False
+    )
+    if x_shape is not None:
+        _, c, h, w = x_shape
+        x = np.zeros((0, c, h, w), np.float32)
+        image_columns(x, np.zeros((1, 1, 0), np.float32), np.zeros(11, np.int64), 0, 0)
+
+
+def _image_scratch(groups: int, k: int, mg: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The columns and the product of one band of whole images (float32)."""
+    return np.empty((groups, k, count), np.float32), np.empty((groups, mg, count), np.float32)
 
 
 def _finish(src: np.ndarray, dst: np.ndarray, b, z, act) -> None:

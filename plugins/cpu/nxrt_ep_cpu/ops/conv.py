@@ -1,12 +1,13 @@
-"""Convolutions: Conv and FusedConv, planned per shape as GEMMs; ConvTranspose; DeformConv.
+"""Convolutions: Conv and FusedConv, planned per shape; ConvTranspose; DeformConv.
 
 A session runs every Conv node, and the optimizer's ``pkg.nxrt::FusedConv``
 (a Conv with a residual input and an activation fused in), as a
 :class:`~nxrt_ep_cpu.ops._conv_gemm.ConvKernel`: its registered ``factory``,
-which picks a GEMM variant per input shape. The registered functions are the
-ops' plain forms: ``conv`` is the reference convolution (``_conv_reference``),
-which the quantised convolutions call too, and ``fused_conv`` runs one
-``ConvKernel`` call.
+which picks a variant per input shape (a GEMM, or for few channels per group
+compiled loops; ``numba`` is loaded then, at session creation). The
+registered functions are the ops' plain forms: ``conv`` is the reference
+convolution (``_conv_reference``), which the quantised convolutions call
+too, and ``fused_conv`` runs one ``ConvKernel`` call.
 """
 
 from __future__ import annotations

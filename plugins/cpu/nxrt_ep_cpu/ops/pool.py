@@ -10,11 +10,25 @@ node has that output.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops._spatial import Windows, lowest, pad_for, tap_views, windows
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.host_parallel import HostParallel
+    from nxrt.provider import ExecutionProvider
+
+#: Input values from which a compiled pool splits its planes across the session's pool:
+#: about 200 µs of work on one core, so that the half saved outweighs waking a pool
+#: thread (50-150 µs).
+_PARALLEL_VALUES = 1 << 19
 
 # One function per op serves every version: each version's attributes are a subset of
 # the latest's, with the same defaults (the ONNX checker refuses the others). MaxPool 8
@@ -23,7 +37,28 @@ from nxrt_ep_cpu.ops._spatial import Windows, lowest, pad_for, tap_views, window
 # ``ceil_mode``, 19 ``dilations``.
 
 
-@op("MaxPool", since=(1, 8, 10, 11, 12, 22))
+def _pool_kernel(ep: ExecutionProvider, node: ir.Node) -> CpuKernel:
+    """A MaxPool's or AveragePool's kernel: its attributes bound with the session's thread
+    pool, the compiled loops loaded now (session creation) rather than on the first run."""
+    from nxrt_ep_cpu.jit import pool as compiled
+
+    # compiled (or loaded from the disk cache) now, with a run's argument types and no planes
+    none, counts = np.zeros((0, 1, 1), np.float32), np.ones(1, np.int64)
+    geometry = np.ones(9, np.int64)
+    if node.op_type == "MaxPool":
+        compiled.max_pool2d(none, none, geometry, 0, 0)
+    else:
+        compiled.average_pool2d(none, none, geometry, counts, counts, 0, 0)
+    attrs = attribute_values(node)
+    if node.op_type == "MaxPool":
+        fn = max_pool
+        attrs["_n_outputs"] = len(node.outputs)
+    else:
+        fn = average_pool
+    return CpuKernel(fn, {**attrs, "_parallel": ep.parallel})
+
+
+@op("MaxPool", since=(1, 8, 10, 11, 12, 22), factory=_pool_kernel)
 def max_pool(
     x: np.ndarray,
     /,
@@ -36,6 +71,7 @@ def max_pool(
     storage_order: int = 0,
     strides: list[int] | None = None,
     _n_outputs: int = 2,
+    _parallel: HostParallel | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Max over each window; the Indices output only when the node has it."""
     win = windows(
@@ -51,11 +87,13 @@ def max_pool(
         y = np.empty(x.shape[:2] + win.out, dtype=x.dtype)
         return y if _n_outputs < 2 else (y, np.empty(y.shape, dtype=np.int64))
     if _n_outputs < 2:  # nobody reads Indices: skip computing them
+        if _compiled_suits(x, win) and max(win.strides) > 1:  # stride 1: numpy's as fast
+            return _compiled_pool(x, win, None, _parallel)
         return _max(x, win)
     return _max_with_indices(x, win, storage_order)
 
 
-@op("AveragePool", since=(1, 7, 10, 11, 19, 22))
+@op("AveragePool", since=(1, 7, 10, 11, 19, 22), factory=_pool_kernel)
 def average_pool(
     x: np.ndarray,
     /,
@@ -67,6 +105,7 @@ def average_pool(
     kernel_shape: list[int],
     pads: list[int] | None = None,
     strides: list[int] | None = None,
+    _parallel: HostParallel | None = None,
 ) -> np.ndarray:
     """Mean over each window, padding counted only with ``count_include_pad``."""
     win = windows(
@@ -78,12 +117,22 @@ def average_pool(
         auto_pad=auto_pad,
         ceil_mode=ceil_mode,
     )
+    if _compiled_suits(x, win):
+        counts = _window_counts(x.shape[2:], win, count_include_pad)
+        return _compiled_pool(x, win, counts, _parallel)
     return _average(x, win, count_include_pad)
 
 
 @op("GlobalAveragePool", since=(1, 22))
 def global_average_pool(x: np.ndarray, /) -> np.ndarray:
     """Mean over every spatial axis, kept as size-1 axes."""
+    if x.dtype == np.float32 and x.ndim > 2 and x.size > 0:
+        from nxrt_ep_cpu.jit.pool import global_average
+
+        rows = np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1)
+        out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), np.float32)
+        global_average(rows, out.reshape(-1))
+        return out
     return np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
@@ -91,6 +140,79 @@ def global_average_pool(x: np.ndarray, /) -> np.ndarray:
 def global_max_pool(x: np.ndarray, /) -> np.ndarray:
     """Max over every spatial axis, kept as size-1 axes."""
     return np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+def _compiled_suits(x: np.ndarray, win: Windows) -> bool:
+    """Whether the compiled loops (``jit/pool.py``) take this pool: float32, 1-D or 2-D,
+    no cropping pads, a non-empty output."""
+    return (
+        x.dtype == np.float32
+        and x.ndim in (3, 4)
+        and x.size > 0
+        and 0 not in win.out
+        and min(*win.begin, *win.end) >= 0
+    )
+
+
+def _compiled_pool(
+    x: np.ndarray,
+    win: Windows,
+    counts: tuple[np.ndarray, np.ndarray] | None,
+    parallel: HostParallel | None,
+) -> np.ndarray:
+    """A 2-D max pool (``counts`` None) or average pool (``counts``: each window's element
+    count per axis) through the compiled loops, planes split across ``parallel``."""
+    from nxrt_ep_cpu.jit import pool as compiled
+
+    one_d = x.ndim == 3
+    if one_d:  # a 1-D pool is a 2-D one of height 1
+        x = x[:, :, None, :]
+        win = Windows(
+            (1, *win.kernel),
+            (1, *win.strides),
+            (1, *win.dilations),
+            (0, *win.begin),
+            (0, *win.end),
+            (1, *win.out),
+        )
+        if counts is not None:
+            counts = (np.ones(1, np.int64), counts[0])
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (dh, dw) = win.kernel, win.strides, win.dilations
+    ho, wo = win.out
+    pl = win.begin[1]
+    wq = max(-(-(w + pl) // sw), (kw - 1) * dw // sw + wo)
+    geometry = np.array([kh, kw, sh, sw, dh, dw, win.begin[0], pl, wq], np.int64)
+    planes = np.ascontiguousarray(x).reshape(n * c, h, w)
+    out = np.empty((n * c, ho, wo), np.float32)
+
+    def work(part: range) -> None:
+        if counts is None:
+            compiled.max_pool2d(planes, out, geometry, part.start, part.stop)
+        else:
+            compiled.average_pool2d(planes, out, geometry, *counts, part.start, part.stop)
+
+    if parallel is None or parallel.threads < 2 or n * c < 2 or x.size < _PARALLEL_VALUES:
+        work(range(n * c))
+    else:
+        parallel.map(work, parallel.split(n * c))
+    out = out.reshape(n, c, ho, wo)
+    return out[:, :, 0, :] if one_d else out
+
+
+def _window_counts(
+    spatial: tuple[int, ...], win: Windows, count_include_pad: int
+) -> tuple[np.ndarray, ...]:
+    """Per axis, how many of each window's taps an average counts: those inside the input,
+    or inside the declared padding too with ``count_include_pad`` (never past it)."""
+    counts = []
+    for i, size in enumerate(spatial):
+        b, e = win.begin[i], win.end[i]
+        pos = np.arange(win.out[i])[:, None] * win.strides[i]
+        pos = pos + np.arange(win.kernel[i])[None, :] * win.dilations[i]
+        lo, hi = (0, size + b + e) if count_include_pad else (b, b + size)
+        counts.append(((pos >= lo) & (pos < hi)).sum(axis=1).astype(np.int64))
+    return tuple(counts)
 
 
 def _max(x: np.ndarray, win: Windows) -> np.ndarray:
@@ -280,13 +402,7 @@ def _average(x: np.ndarray, win: Windows, count_include_pad: int) -> np.ndarray:
     """
     total = _reduce_windows(x, win, np.add, 0)
     divisor = np.ones((), dtype=np.int64)
-    for i, size in enumerate(x.shape[2:]):
-        b, e = win.begin[i], win.end[i]
-        # each tap's position in padded coordinates, one row per window
-        pos = np.arange(win.out[i])[:, None] * win.strides[i]
-        pos = pos + np.arange(win.kernel[i])[None, :] * win.dilations[i]
-        lo, hi = (0, size + b + e) if count_include_pad else (b, b + size)
-        count = ((pos >= lo) & (pos < hi)).sum(axis=1)
+    for count in _window_counts(x.shape[2:], win, count_include_pad):
         divisor = np.multiply.outer(divisor, count)
     total /= divisor.astype(x.dtype)
     return total
