@@ -1,6 +1,7 @@
 """Fresh virtual environments for packaging tests, with no network.
 
-The new environment sees nxrt's dependencies (numpy, onnx, pytest, ...)
+The new environment sees the dependencies of nxrt and of its cpu EP (numpy, onnx,
+pytest, numba, ...)
 through a ``.pth`` file pointing at a folder of links to exactly those
 distributions, so neither nxrt nor any plugin is visible until pip installs
 it from the local source tree.
@@ -60,10 +61,11 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 
 def create(home: Path) -> Path:
-    """A new virtual environment under ``home`` with nxrt's dependencies linked; its python."""
+    """A new virtual environment under ``home`` with the dependencies of nxrt and of its cpu
+    EP (numba, ...) linked, neither of them installed; its python."""
     deps = home / "deps"
     deps.mkdir()
-    link_distributions(dependency_closure("nxrt"), deps)
+    link_distributions(dependency_closure("nxrt", "nxrt-ep-cpu") - {"nxrt-ep-cpu"}, deps)
     env_dir = home / "env"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
