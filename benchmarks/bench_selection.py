@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402  (exports the real architectures and small models)
 import transformer_models  # noqa: E402
 
-DEFAULT_MODELS = [*LIGHT_MODELS, "bert_base", "gpt2_step"]
+DEFAULT_MODELS = [*(f"light_{name}" for name in LIGHT_MODELS), "bert_base", "gpt2_step"]
 
 
 def resolve(name: str, folder: str) -> tuple[str, Callable[[Any], dict[str, np.ndarray]]]:
