@@ -209,3 +209,16 @@ def test_a_session_holds_its_cap_until_it_is_collected() -> None:
     del session
     gc.collect()
     assert not _governor._caps
+
+
+def test_keep_blas_serial_caps_every_run_at_one_thread():
+    with HostParallel(2) as parallel:
+        parallel.keep_blas_serial()
+        assert parallel.blas_threads == 1
+        for _ in range(40):  # the chooser would try two threads on some of these
+            with parallel.run_limits() as limit:
+                assert limit == 1
+        parallel.hold_blas()
+        with parallel.run_limits() as limit:
+            assert limit == 1
+        parallel.release_blas()

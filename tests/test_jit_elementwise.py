@@ -365,16 +365,29 @@ def test_other_dtypes_and_strided_inputs_keep_the_numpy_path():
         ((2, 5, 7), (2, 7, 3)),
         ((2, 1, 5, 7), (3, 7, 4)),
         ((16, 49, 96), (96, 384)),
+        ((2, 12, 128, 64), (2, 12, 64, 128)),
+        ((12, 50, 64), (12, 64, 30)),
+        ((96, 64), (3, 64, 50)),
+        ((1, 1024), (1024, 1000)),
     ],
 )
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matmul_matches_numpy_as_one_gemm_on_the_rows(shape_a, shape_b, dtype):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_matches_numpy_as_one_gemm_on_the_rows(shape_a, shape_b, dtype, threads):
+    """One thread: BLAS; two: the EP's pool, each GEMM split or a batch spread."""
     a, b = values(shape_a, 1.0).astype(dtype), values(shape_b, 1.0).astype(dtype)
     a[np.isinf(a) | (np.abs(a) > 10)] = 1
     b[np.isinf(b) | (np.abs(b) > 10)] = 1
-    kernel = nn.MatMulKernel(nn.mat_mul, {}, variant="blas")
-    got = kernel.direct_call(a, b)
+    with HostParallel(threads) as parallel:
+        kernel = nn.MatMulKernel(nn.mat_mul, {}, parallel)
+        got = kernel.direct_call(a, b)
+        transposed = (
+            kernel.direct_call(a, np.ascontiguousarray(np.swapaxes(b, -1, -2)).swapaxes(-1, -2))
+            if b.ndim > 1
+            else got
+        )
     want = np.matmul(a, b)
+    _assert_close(transposed, want, rtol=1e-5, atol=1e-4)
     assert got.dtype == want.dtype and got.shape == want.shape
     _assert_close(got, want, rtol=1e-5, atol=1e-4)
 

@@ -170,6 +170,8 @@ class HostParallel:
         self._busy = 0
         self._closed = False
         self._held = False
+        self._held_cap = threads
+        self._blas_threads = threads
         self._chooser = _CapChooser(threads)
 
     @property
@@ -265,6 +267,18 @@ class HostParallel:
         with _governor.cap(limit):
             yield limit
 
+    @property
+    def blas_threads(self) -> int:
+        """The BLAS thread count the session holds (:meth:`hold_blas`): ``threads``, or 1
+        after :meth:`keep_blas_serial`."""
+        return self._blas_threads
+
+    def keep_blas_serial(self) -> None:
+        """For a kernel library that runs its GEMMs on a thread pool of its own: BLAS is
+        held at one thread while the session lives (:meth:`hold_blas`), as two pools
+        spinning on the same cores slow each other down many times over."""
+        self._blas_threads = 1
+
     @contextmanager
     def run_limits(self) -> Iterator[int]:
         """:meth:`blas_limits` for one session run, with the BLAS thread count chosen
@@ -276,8 +290,12 @@ class HostParallel:
         thread). So runs use ``threads`` or 1, whichever the last few runs
         of each did faster, and every 16th run tries the other count again.
         """
-        if self._threads == 1 and self._held:
-            yield 1
+        if self._blas_threads == 1:
+            if self._held:
+                yield 1
+            else:
+                with _governor.cap(1):
+                    yield 1
             return
         if self._threads == 1 or self._busy or _in_worker():
             with self.blas_limits() as limit:
@@ -293,14 +311,16 @@ class HostParallel:
         self._chooser.record(limit, time.perf_counter() - start)
 
     def hold_blas(self) -> None:
-        """Cap BLAS at ``threads`` until :meth:`release_blas` (or :meth:`close`): a session
+        """Cap BLAS at ``threads`` (1 after :meth:`keep_blas_serial`) until
+        :meth:`release_blas` (or :meth:`close`): a session
         sets its cap once, when it is created, so its runs set nothing. Caps are
         process-wide: while sessions of different thread counts live, the smallest wins."""
         with self._lock:
             if self._held:
                 return
             self._held = True
-        _governor.acquire(self._threads)
+            self._held_cap = self._blas_threads
+        _governor.acquire(self._held_cap)
 
     def release_blas(self) -> None:
         """End :meth:`hold_blas`'s cap; BLAS gets its own thread counts back with the last cap."""
@@ -308,7 +328,7 @@ class HostParallel:
             if not self._held:
                 return
             self._held = False
-        _governor.release(self._threads)
+        _governor.release(self._held_cap)
 
     def close(self) -> None:
         """Stop the pool's threads, waiting for running work."""

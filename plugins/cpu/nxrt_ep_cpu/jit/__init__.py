@@ -9,10 +9,12 @@ machine. numba's default cache sits beside the source, which a site-packages
 install may not be able to write; unless ``NUMBA_CACHE_DIR`` is set, the cache
 goes to the user's cache folder (``platformdirs.user_cache_dir("nxrt")/numba``).
 
-Kernels are serial and release the GIL (``nogil=True``); a kernel that splits
-its work runs the pieces on the session's pool
+Kernels release the GIL (``nogil=True``). Where numba's OpenMP layer runs, a
+kernel that splits its work runs on numba's pool, GEMMs included, with BLAS
+held at one thread (:mod:`~nxrt_ep_cpu.jit.threads`: one pool, never two
+fighting over the cores); elsewhere the pieces run on the session's pool
 (:meth:`nxrt.host_parallel.HostParallel.map`, which caps BLAS at one thread
-meanwhile), so numba never starts threads of its own to fight OpenBLAS's.
+meanwhile) and GEMMs on BLAS's own threads.
 """
 
 from __future__ import annotations

@@ -677,3 +677,27 @@ def depthwise_blocks(
                 v = ys[i]
                 v = lo if v < lo else v
                 ys[i] = hi if v > hi else v
+
+
+# -- the same loops over the EP's pool ----------------------------------------------------------
+
+
+@njit(parallel=True)
+def direct_conv_team(
+    x, weights, starts, bias, z, out, geometry, lo, hi, bounds
+):  # pragma: no cover - compiled by numba
+    """:func:`direct_conv` on items ``bounds[p]..bounds[p + 1]`` for each part ``p``, the
+    parts spread over the threads of numba's pool (``jit/threads.py``)."""
+    for p in numba.prange(bounds.size - 1):
+        direct_conv(x, weights, starts, bias, z, out, geometry, lo, hi, bounds[p], bounds[p + 1])
+
+
+@njit(parallel=True)
+def depthwise_blocks_team(
+    x, weights, bias, offsets, z, out, geometry, lo, hi, bounds
+):  # pragma: no cover - compiled by numba
+    """:func:`depthwise_blocks` over parts of items, as :func:`direct_conv_team`."""
+    for p in numba.prange(bounds.size - 1):
+        depthwise_blocks(
+            x, weights, bias, offsets, z, out, geometry, lo, hi, bounds[p], bounds[p + 1]
+        )

@@ -20,9 +20,10 @@ overlap check fails and it takes the scalar loop, measured 10x slower).
 Multiplies and adds may fuse into FMAs (``contract``: 25% faster, within the
 same float32 rounding); NaN and inf keep their meaning.
 
-The wrappers split a call across the session's pool (``HostParallel``) when
-its estimated work reaches :data:`PARALLEL_NS`; the loops are serial and
-release the GIL.
+The wrappers split a call over the EP's pool (``jit/threads.py``) from
+:data:`TEAM_NS` of estimated work where the session's GEMMs run there, else
+across the session's pool (``HostParallel``) from :data:`PARALLEL_NS`; the
+loops release the GIL.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numba
 import numpy as np
 from numba import types
 from numba.core.errors import TypingError
@@ -39,6 +41,7 @@ from numba.extending import overload
 from numpy.lib.stride_tricks import as_strided
 
 from nxrt_ep_cpu.jit import inline, mathf, njit
+from nxrt_ep_cpu.jit.threads import size_team, team
 
 if TYPE_CHECKING:
     from nxrt.host_parallel import HostParallel
@@ -91,6 +94,9 @@ _COST_NS = {
 #: the second core saves less than the hand-off costs, and loses when another
 #: process holds that core.
 PARALLEL_NS = 200_000
+#: The same on the EP's own pool (``jit/threads.py``), whose parallel regions start in
+#: about 1.5 us.
+TEAM_NS = 10_000
 #: Chunks start at multiples of this many values (64-byte lines), so two threads
 #: never write the same cache line.
 _ALIGN = 16
@@ -200,8 +206,10 @@ def _apply_overload(v, kind, a, b):  # pragma: no cover - numba typing
 
 
 @functools.cache
-def _loops(kind: int) -> tuple[Any, Any, Any]:
-    """The three compiled loops of one activation (:data:`NONE`: a bias add alone).
+def _loops(kind: int) -> tuple[Any, Any, Any, Any, Any]:
+    """The compiled loops of one activation (:data:`NONE`: a bias add alone): the three
+    entry points' serial loops, then :meth:`Activation.map`'s and the epilogue's split
+    over the EP's pool (``jit/threads.py``).
 
     ``kind`` is a constant of each closure: a session compiles (or loads from the disk
     cache) only the activations it uses, each loop with that activation's code alone.
@@ -235,7 +243,20 @@ def _loops(kind: int) -> tuple[Any, Any, Any]:
             for i in range(n):
                 row[i] = _apply(row[i], kind, a, b)
 
-    return map_values, rows_in_place, bias_rows
+    @njit(fastmath=_FMA, parallel=True)
+    def map_parts(x, y, a, b, bounds):  # pragma: no cover - compiled by numba
+        """:func:`map_values` on the pieces ``bounds[p]..bounds[p + 1]``, over the pool."""
+        for p in numba.prange(bounds.size - 1):
+            for i in range(bounds[p], bounds[p + 1]):
+                y[i] = _apply(x[i], kind, a, b)
+
+    @njit(fastmath=_FMA, parallel=True)
+    def bias_rows_parts(y, bias, a, b, bounds):  # pragma: no cover - compiled by numba
+        """:func:`bias_rows` on the row pieces ``bounds[p]..bounds[p + 1]``, over the pool."""
+        for p in numba.prange(bounds.size - 1):
+            bias_rows(y, bias, a, b, bounds[p], bounds[p + 1])
+
+    return map_values, rows_in_place, bias_rows, map_parts, bias_rows_parts
 
 
 # -- the wrappers -------------------------------------------------------------------------------
@@ -247,6 +268,21 @@ def _parts(values: int, cost_ns: float, parallel: HostParallel | None) -> int:
     if parallel is None or parallel.threads < 2 or values * cost_ns < PARALLEL_NS:
         return 1
     return parallel.threads
+
+
+def _team(work_ns: float, parallel: HostParallel | None) -> int:
+    """Threads of the EP's pool for ``work_ns`` of work: only where the session's GEMMs run
+    there too (BLAS held at one thread; two pools would fight), and the work repays the
+    start of a parallel region (about 1.5 us)."""
+    if parallel is None or parallel.threads < 2 or parallel.blas_threads != 1:
+        return 1
+    return team(parallel.threads) if work_ns >= TEAM_NS else 1
+
+
+def _bounds(n: int, parts: int, align: int) -> np.ndarray:
+    """:func:`_ranges` as the array of piece boundaries the split loops take."""
+    pieces = _ranges(n, parts, align)
+    return np.array([start for start, _ in pieces] + [n], np.int64)
 
 
 def _ranges(n: int, parts: int, align: int) -> list[tuple[int, int]]:
@@ -302,7 +338,9 @@ class Activation:
         values += [0.0, 0.0]
         self.a, self.b = np.float32(values[0]), np.float32(values[1])
         self.cost_ns = _COST_NS[self.kind]
-        self._map, self._rows, self._bias_rows = _loops(self.kind)
+        self._map, self._rows, self._bias_rows, self._map_parts, self._bias_parts = _loops(
+            self.kind
+        )
 
     def map(
         self,
@@ -319,6 +357,11 @@ class Activation:
         y = np.empty_like(x)
         src, dst = x.reshape(-1), y.reshape(-1)
         n = src.size
+        team = _team(n * self.cost_ns, parallel)
+        if team > 1:
+            size_team(team)
+            self._map_parts(src, dst, a, b, _bounds(n, team, _ALIGN))
+            return y
         parts = _parts(n, self.cost_ns, parallel)
         loop = self._map
         if parts == 1:
@@ -350,18 +393,26 @@ class Activation:
     ) -> None:
         """``y = f(y + bias)`` in place on a C-contiguous float32 ``(rows, n)`` array (a
         GEMM's result), ``bias`` float32 ``(n,)`` or ``None``."""
-        _each_row(self._bias_rows, y, bias, self.a, self.b, 0.1 + self.cost_ns, parallel)
+        loops = self._bias_rows, self._bias_parts
+        _each_row(loops, y, bias, self.a, self.b, 0.1 + self.cost_ns, parallel)
 
 
 def add_bias(y: np.ndarray, bias: np.ndarray, parallel: HostParallel | None = None) -> None:
     """``y += bias`` in place on a C-contiguous float32 ``(rows, n)`` array, ``bias`` (n,)."""
-    _each_row(_loops(NONE)[2], y, bias, _ZERO, _ZERO, 0.1, parallel)
+    _each_row(_loops(NONE)[2::2], y, bias, _ZERO, _ZERO, 0.1, parallel)
 
 
-def _each_row(loop, y, bias, a, b, cost_ns: float, parallel: HostParallel | None) -> None:
-    """``loop`` over the rows of ``y``, split across the pool when the work is large."""
+def _each_row(loops, y, bias, a, b, cost_ns: float, parallel: HostParallel | None) -> None:
+    """The serial loop of ``loops`` (serial, split) over the rows of ``y``, or the split
+    one over the EP's pool, or the serial one across the session's pool, by the work."""
     rows = y.shape[0]
     bias = _NO_BIAS if bias is None else bias
+    loop, split = loops
+    team = min(rows, _team(y.size * cost_ns, parallel))
+    if team > 1:
+        size_team(team)
+        split(y, bias, a, b, _bounds(rows, team, 1))
+        return
     parts = min(rows, _parts(y.size, cost_ns, parallel))
     if parts <= 1:
         loop(y, bias, a, b, 0, rows)

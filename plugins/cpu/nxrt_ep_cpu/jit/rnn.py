@@ -26,11 +26,9 @@ unchanged and ``y`` is zero, as in the numpy reference.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from nxrt_ep_cpu.jit import inline, mathf, njit
+from nxrt_ep_cpu.jit.threads import sgemm
 
 SIGMOID = 0
 TANH = 1
@@ -74,61 +72,6 @@ def use_blas(rows: int, width: int) -> bool:
     """Whether the hidden product of ``rows`` batch rows and ``width`` gate rows (``R``'s
     rows) goes to BLAS rather than the loop (measured, above)."""
     return rows >= 16 or width < 512 or (rows >= 4 and width < 1024)
-
-
-def _sgemm_intrinsic(bits: int):
-    """An intrinsic calling ``cblas_sgemm`` at an address, integers of ``bits`` bits:
-    ``c[c_at:] = a[a_at:] @ b[b_at:]``, row-major, no transposes, leading dimensions given."""
-    integer = ir.IntType(bits)
-    real = ir.FloatType()
-    pointer = real.as_pointer()
-    signature_ir = ir.FunctionType(
-        ir.VoidType(),
-        [ir.IntType(32)] * 3
-        + [integer] * 3
-        + [real, pointer, integer, pointer, integer]
-        + [real, pointer, integer],
-    )
-
-    @intrinsic
-    def sgemm(
-        typingctx, address, m, n, k, a, a_at, lda, b, b_at, ldb, c, c_at, ldc
-    ):  # pragma: no cover - numba typing
-        arrays = (a, b, c)
-        if not all(isinstance(x, types.Array) and x.dtype == types.float32 for x in arrays):
-            return None
-        signature = types.void(address, m, n, k, a, a_at, lda, b, b_at, ldb, c, c_at, ldc)
-
-        def codegen(context, builder, sig, args):
-            def whole(index):
-                value = context.cast(builder, args[index], sig.args[index], types.int64)
-                return value if bits == 64 else builder.trunc(value, integer)
-
-            def data(index, offset):
-                array = context.make_array(sig.args[index])(context, builder, args[index])
-                at = context.cast(builder, args[offset], sig.args[offset], types.int64)
-                return builder.gep(array.data, [at])
-
-            function = builder.inttoptr(args[0], signature_ir.as_pointer())
-            row_major, no_transpose = (
-                ir.Constant(ir.IntType(32), 101),
-                ir.Constant(ir.IntType(32), 111),
-            )
-            builder.call(
-                function,
-                [row_major, no_transpose, no_transpose, whole(1), whole(2), whole(3)]
-                + [ir.Constant(real, 1.0), data(4, 5), whole(6), data(7, 8), whole(9)]
-                + [ir.Constant(real, 0.0), data(10, 11), whole(12)],
-            )
-            return context.get_dummy_value()
-
-        return signature, codegen
-
-    return sgemm
-
-
-_sgemm_ilp64 = _sgemm_intrinsic(64)
-_sgemm_lp64 = _sgemm_intrinsic(32)
 
 
 @njit(fastmath=_FASTMATH)
@@ -188,13 +131,9 @@ def hidden_product(h, rt, col0, col1, out, block, blas):  # pragma: no cover - c
     for the loop here.
     """
     rows, depth = h.shape
-    address, wide = blas
-    if address != 0:
+    if blas[0] != 0:
         n, ldb, ldc = col1 - col0, rt.shape[1], out.shape[1]
-        if wide:
-            _sgemm_ilp64(address, rows, n, depth, h, 0, depth, rt, col0, ldb, out, col0, ldc)
-        else:
-            _sgemm_lp64(address, rows, n, depth, h, 0, depth, rt, col0, ldb, out, col0, ldc)
+        sgemm(blas, 0, 0, rows, n, depth, 1.0, h, 0, depth, rt, col0, ldb, 0.0, out, col0, ldc)
         return
     for j0 in range(col0, col1, block):
         j1 = min(j0 + block, col1)

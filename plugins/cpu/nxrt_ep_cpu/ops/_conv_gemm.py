@@ -39,13 +39,15 @@ fused with the copy out of the padded rows where there is one. The numba
 variants add the bias, the residual and a Relu/Clip as they write each
 output row; other activations run after, on the same block of output.
 
-The GEMMs run on BLAS's own threads (the session caps them per run, see
-:meth:`~nxrt.host_parallel.HostParallel.run_limits`): measured here,
-OpenBLAS shares packed panels between its threads and scales 1.8-1.9x on
-two cores, where splitting a GEMM across the session's pool reached
-1.3-1.6x (each half packs its operands again, and waking a pool thread
-costs 50-150 µs). The numba variants, and bands of whole small images, are
-split across the pool instead, above a measured amount of work.
+Where numba's OpenMP layer runs (``jit/threads.py``), the GEMMs are split
+over its threads, each calling single-threaded BLAS on a band of the output,
+and the numba variants run their pieces there too: a parallel region starts
+in about 1.5 µs, so work from about 10 µs up is split. Elsewhere the GEMMs
+run on BLAS's own threads (the session caps them, see
+:meth:`~nxrt.host_parallel.HostParallel.run_limits`; OpenBLAS scales
+1.8-1.9x on two cores) and the numba variants, and bands of whole small
+images, on the session's pool, whose hand-off costs 50-150 µs, above a
+measured amount of work.
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ _DIRECT_BAND = 2048
 #: Nanoseconds of one core's work from which the numba variants split it across the
 #: pool: the half saved then outweighs waking a pool thread (50-150 µs).
 _PARALLEL_NS = 200_000
+#: The same threshold on the EP's own pool (``jit/threads.py``), which starts a parallel
+#: region in about 1.5 us.
+_TEAM_NS = 10_000
 #: Multiply-adds per nanosecond the direct kernel computes on one core (padded rows and
 #: taps included): one filter at a time, and two (measured).
 _DIRECT_RATE = (15, 35)
@@ -161,6 +166,12 @@ class ConvKernel(NumpyKernel):
         self.clamp = _clamp(name, activation_params)
         self.parallel = parallel
         self.workspace = workspace if workspace is not None else Workspace()
+        #: Threads of the EP's own pool the GEMMs and loops split over (1: BLAS's threads).
+        self.team = 1
+        if parallel is not None and parallel.threads > 1:
+            from nxrt_ep_cpu.jit.threads import claim
+
+            self.team = claim(parallel)
         self._plans: dict[tuple[Any, ...], Reference | GemmPlan] = {}
         if shapes is not None:
             try:
@@ -369,9 +380,10 @@ class GemmPlan:
         self.parallel = kernel.parallel
         self._weight: tuple[Any, Any] = (None, None)
         ho, wo = shape.win.out
+        self.team = kernel.team
         threads = self.parallel.threads if self.parallel is not None else 1
         macs = n * m * ho * wo * self.cg * self.taps
-        self.split = self.splits and threads > 1 and macs >= _PARALLEL_MACS
+        self.split = self.splits and self.team == 1 and threads > 1 and macs >= _PARALLEL_MACS
         count = self._extent(ho, wo)
         if not self.split or n >= threads:
             self.chunks = [(i, 0, count) for i in range(n)]
@@ -523,7 +535,7 @@ class Pointwise(GemmPlan):
             i, p0, p1 = chunk
             dst = flat_out[i, :, p0:p1]
             beta = _prefill(dst, b2, None if flat_z is None else flat_z[i, :, p0:p1])
-            _gemm(wp, x[i, :, :, p0:p1], y[i, :, :, p0:p1], beta)
+            _gemm(wp, x[i, :, :, p0:p1], y[i, :, :, p0:p1], beta, self.team)
             _activate(dst, dst, act, relu)
 
         return work
@@ -545,7 +557,7 @@ class Pointwise(GemmPlan):
             cols = np.empty((g, cg, n, pixels), self.dtype)
             np.copyto(cols, x.reshape(n, g, cg, pixels).transpose(1, 2, 0, 3))
             product = np.empty((g, mg, n * pixels), self.dtype)
-            _gemm(wp, cols.reshape(g, cg, n * pixels), product, 0.0)
+            _gemm(wp, cols.reshape(g, cg, n * pixels), product, 0.0, self.team)
             moved = product.reshape(m, n, pixels)
             if self.dtype == np.float32:
                 from nxrt_ep_cpu.jit.conv import columns_to_images
@@ -639,7 +651,7 @@ class Direct(GemmPlan):
         bands = -(-layout.ho // band)
         computed = n * self.m * bands * (-(-band * layout.wq // _LANES) * _LANES) * count
         ns = computed / _DIRECT_RATE[self.mg > 1]
-        parts = threads if threads > 1 and ns >= _PARALLEL_NS else 1
+        parts = self._parts(ns, threads)
         # too few (image, group) pairs for the pool: their filters split in blocks too,
         # an even number each (the kernel computes filters two at a time)
         blocks = min(-(-self.mg // 2), -(-parts // (n * self.group)))
@@ -647,27 +659,28 @@ class Direct(GemmPlan):
         self.geometry[-1] = self.filter_block
         self.items = n * self.group * -(-self.mg // self.filter_block)
         self.ranges = _split(self.items, parts)
+        self.bounds = np.array([r.start for r in self.ranges] + [self.items], np.int64)
         self._bias: tuple[Any, Any] = (None, None)
-        from nxrt_ep_cpu.jit.conv import direct_conv
+        from nxrt_ep_cpu.jit.conv import direct_conv, direct_conv_team
 
-        self.kernel = direct_conv
+        self.kernel, self.team_kernel = direct_conv, direct_conv_team
         self._warm()
+
+    def _parts(self, ns: float, threads: int) -> int:
+        """Pieces of ``ns`` of work: one per thread of the EP's pool (or of the session's,
+        without it) once the work repays starting them."""
+        if self.team > 1:
+            return self.team if ns >= _TEAM_NS else 1
+        return threads if threads > 1 and ns >= _PARALLEL_NS else 1
 
     def _warm(self) -> None:
         """Compile the kernel (or load it from the disk cache) now, while the session is
         created, with the argument types of a run and no work."""
         plane = np.zeros((1, 1, 1), np.float32)
-        self._launch(
-            plane,
-            self.prepare(np.zeros(self.m * self.cg * self.taps)),
-            _NONE,
-            _NONE3,
-            plane,
-            self.geometry,
-            0.0,
-            0.0,
-            range(0),
-        )
+        args = (plane, self.prepare(np.zeros(self.m * self.cg * self.taps)), _NONE, _NONE3)
+        self._launch(*args, plane, self.geometry, 0.0, 0.0, range(0))
+        if self.team > 1 and len(self.ranges) > 1:
+            self._launch_team(*args, plane, self.geometry, 0.0, 0.0, np.zeros(2, np.int64))
 
     def _bias_vector(self, b: np.ndarray) -> np.ndarray:
         """The bias as a writeable float32 vector of the plan's own (the compiled kernel's
@@ -685,6 +698,10 @@ class Direct(GemmPlan):
         self.kernel(
             x, wp, self.starts, bias, residual, planes, geometry, lo, hi, part.start, part.stop
         )
+
+    def _launch_team(self, x, wp, bias, residual, planes, geometry, lo, hi, bounds) -> None:
+        """The compiled kernel on the parts of items ``bounds`` gives, over the pool."""
+        self.team_kernel(x, wp, self.starts, bias, residual, planes, geometry, lo, hi, bounds)
 
     def _plane(self, item: int) -> int:
         """The first output plane (image x filters + filter) of work item ``item``."""
@@ -730,7 +747,14 @@ class Direct(GemmPlan):
                 first, stop = self._plane(part.start), self._plane(part.stop)
                 act(flat[first * pixels : stop * pixels])
 
-        if len(self.ranges) > 1:
+        if len(self.ranges) > 1 and self.team > 1:
+            from nxrt_ep_cpu.jit.threads import size_team
+
+            size_team(self.team)
+            self._launch_team(x, wp, bias, residual, planes, geometry, lo, hi, self.bounds)
+            if act is not None:
+                act(flat)
+        elif len(self.ranges) > 1:
             self.parallel.map(work, self.ranges)
         else:
             work(range(self.items))
@@ -780,11 +804,11 @@ class Blocked(Direct):
         threads = self.parallel.threads if self.parallel is not None else 1
         macs, moved = ho * wo * self.taps, h * w + ho * wo
         ns = self.items * 16 * (macs / _BLOCKED_RATE[0] + moved / _BLOCKED_RATE[1])
-        parts = threads if threads > 1 and ns >= _PARALLEL_NS else 1
-        self.ranges = _split(self.items, parts)
-        from nxrt_ep_cpu.jit.conv import depthwise_blocks
+        self.ranges = _split(self.items, self._parts(ns, threads))
+        self.bounds = np.array([r.start for r in self.ranges] + [self.items], np.int64)
+        from nxrt_ep_cpu.jit.conv import depthwise_blocks, depthwise_blocks_team
 
-        self.kernel = depthwise_blocks
+        self.kernel, self.team_kernel = depthwise_blocks, depthwise_blocks_team
         self._warm()
 
     def prepare(self, w: np.ndarray) -> np.ndarray:
@@ -826,6 +850,10 @@ class Blocked(Direct):
             part.start,
             part.stop,
         )
+
+    def _launch_team(self, x, wp, bias, residual, planes, geometry, lo, hi, bounds) -> None:
+        tiles = self._tiled(bias)
+        self.team_kernel(x, wp, tiles, self.offsets, residual, planes, geometry, lo, hi, bounds)
 
     def _plane(self, item: int) -> int:
         image, block = divmod(item, self.blocks)
@@ -969,7 +997,7 @@ class Im2col(GemmPlan):
                 )
                 valid = acc.reshape(self.m, e - a, wo)
                 beta = _prefill(valid, b, None if z is None else z[i, :, a:e])
-                _gemm(wp, flat, acc, beta)
+                _gemm(wp, flat, acc, beta, self.team)
                 _activate(valid, dst, act, relu)
 
         return work
@@ -1004,7 +1032,7 @@ class Im2col(GemmPlan):
                 block = block.reshape(images, g, cg, ho, wq)[..., :wo]
                 grid[:, t] = block.transpose(1, 2, 0, 3, 4)
             product = acc[:, :, :size]
-            _gemm(wp, grid.reshape(g, taps * cg, size), product, 0.0)
+            _gemm(wp, grid.reshape(g, taps * cg, size), product, 0.0, self.team)
             moved = product.reshape(m, images, ho, wo).transpose(1, 0, 2, 3)
             _finish(moved, out[i0:i1], b, None if z is None else z[i0:i1], act)
 
@@ -1036,7 +1064,7 @@ class Im2col(GemmPlan):
                 cols, acc = held
                 image_columns(x, cols, self.geometry, i0, i1)
                 product = acc[:, :, :size]
-                _gemm(wp, cols[:, :, :size], product, 0.0)
+                _gemm(wp, cols[:, :, :size], product, 0.0, self.team)
                 columns_to_images(
                     product.reshape(m, size),
                     flat_out,
@@ -1086,7 +1114,7 @@ class Taps(GemmPlan):
                 beta = _prefill_rows(acc, valid, b, None if z is None else z[i, :, a:e])
                 for t in range(self.taps):
                     block = layout.block(src, i, t, a, size).reshape(g, cg, size)
-                    _gemm(wp[t], block, acc, beta if t == 0 else 1.0)
+                    _gemm(wp[t], block, acc, beta if t == 0 else 1.0, self.team)
                 _activate(valid, out[i, :, a:e], act, relu)
 
         return work
@@ -1177,9 +1205,17 @@ def _prefill_rows(acc: np.ndarray, valid: np.ndarray, b, z) -> float:
     return _prefill(valid, b, z)
 
 
-def _gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float) -> None:
-    """``c = a @ b + beta * c`` per group (3-D operands), in place through BLAS when it can."""
+def _gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, team: int = 1) -> None:
+    """``c = a @ b + beta * c`` per group (3-D operands), in place through BLAS when it can,
+    each group's GEMM split over ``team`` threads of the EP's pool above 1."""
     groups = a.shape[0]
+    if team > 1:
+        from nxrt_ep_cpu.jit.threads import gemm
+
+        if gemm(a[0], b[0], c[0], beta, team):
+            for j in range(1, groups):
+                gemm(a[j], b[j], c[j], beta, team)
+            return
     direct = GEMM is not None and (groups == 1 or a[0].size * b.shape[-1] >= _DIRECT_GROUP_MACS)
     if direct and GEMM(a[0], b[0], c[0], beta):
         for j in range(1, groups):

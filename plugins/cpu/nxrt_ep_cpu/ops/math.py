@@ -52,6 +52,10 @@ class ActivationKernel(CpuKernel):
         super().__init__(fn, attrs, variant="numba")
         self.compiled = compiled
         self.parallel = parallel
+        if parallel is not None and parallel.threads > 1:
+            from nxrt_ep_cpu.jit.threads import claim
+
+            claim(parallel)  # large calls split over the EP's pool
 
     @property
     def direct_call(self) -> Callable[..., np.ndarray]:

@@ -249,19 +249,26 @@ _BLAS_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 _FLOAT32 = np.dtype(np.float32)
 
 
-def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` of 2-D arrays, a GEMM too small to gain from BLAS's second thread on one
-    (the session's cap on BLAS threads is process-wide, so it goes through its governor)."""
+def _product(a: np.ndarray, b: np.ndarray, team: int = 1) -> np.ndarray:
+    """``a @ b`` of 2-D arrays: split over ``team`` threads of the EP's pool above 1, else
+    on BLAS, a GEMM too small to gain from BLAS's second thread on one (the session's cap
+    on BLAS threads is process-wide, so it goes through its governor)."""
+    if team > 1:
+        from nxrt_ep_cpu.jit.threads import matmul
+
+        y = matmul(a, b, team)
+        if y is not None:
+            return y
     if a.shape[0] > 1 and a.shape[0] * a.shape[1] * b.shape[1] in _SERIAL_GEMM_MACS:
         with one_blas_thread():
             return np.matmul(a, b)
     return np.matmul(a, b)
 
 
-def _rows_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _rows_product(a: np.ndarray, b: np.ndarray, team: int = 1) -> np.ndarray:
     """``a @ b`` for ``a`` of shape ``(..., K)`` and a 2-D ``b``: one GEMM on the rows of
     ``a`` (numpy's matmul runs one GEMM per matrix of a batch, each with a small M)."""
-    y = _product(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b)
+    y = _product(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b, team)
     return y.reshape(a.shape[:-1] + (b.shape[1],))
 
 
@@ -282,6 +289,7 @@ class GemmKernel(CpuKernel):
         self.beta = float(attrs.get("beta", 1.0))
         self.trans_a, self.trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
         self.parallel = parallel
+        self.team = _claim(parallel)
         from nxrt_ep_cpu.jit import elementwise as compiled_ops
 
         self._add_bias = compiled_ops.add_bias
@@ -301,7 +309,7 @@ class GemmKernel(CpuKernel):
     def run(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
         if not _float32(a, b, c) or a.ndim != 2 or b.ndim != 2:
             return self._call(a, b, c)
-        y = _product(a.T if self.trans_a else a, b.T if self.trans_b else b)
+        y = _product(a.T if self.trans_a else a, b.T if self.trans_b else b, self.team)
         if self.alpha != 1.0:
             np.multiply(y, np.float32(self.alpha), out=y)
         if c is None or self.beta == 0.0:
@@ -316,13 +324,20 @@ class GemmKernel(CpuKernel):
 
 class MatMulKernel(CpuKernel):
     """MatMul of float32 or float64 operands by 2-D weights as one GEMM on the rows of
-    the first (see :func:`_rows_product`); every other case is numpy's matmul."""
+    the first (see :func:`_rows_product`); float32 batches on the EP's pool, one GEMM
+    per matrix; every other case is numpy's matmul."""
+
+    def __init__(
+        self, fn: Callable[..., np.ndarray], attrs: dict[str, Any], parallel: HostParallel | None
+    ) -> None:
+        super().__init__(fn, attrs, variant="blas")
+        self.team = _claim(parallel)
 
     @classmethod
     def create(
         cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]
     ) -> MatMulKernel:
-        return cls(fn, attribute_values(node), variant="blas")
+        return cls(fn, attribute_values(node), ep.parallel)
 
     @property
     def direct_call(self) -> Callable[..., np.ndarray]:
@@ -330,7 +345,13 @@ class MatMulKernel(CpuKernel):
 
     def run(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if a.dtype in _BLAS_DTYPES and b.dtype == a.dtype and b.ndim == 2 and a.ndim >= 1:
-            return _rows_product(a, b)
+            return _rows_product(a, b, self.team)
+        if self.team > 1:
+            from nxrt_ep_cpu.jit.threads import matmul
+
+            y = matmul(a, b, self.team)
+            if y is not None:
+                return y
         return self._call(a, b)
 
 
@@ -348,6 +369,7 @@ class FusedMatMulKernel(CpuKernel):
         name = attrs.get("activation", "")
         name = name.decode() if isinstance(name, bytes) else name
         self.parallel = parallel
+        self.team = _claim(parallel)
         params = attrs.get("activation_params") or ()
         #: An activation the compiled loops lack runs (and fails) in the reference.
         self.known = not name or name in compiled_ops.CODES
@@ -378,7 +400,7 @@ class FusedMatMulKernel(CpuKernel):
             return self._call(a, b, bias)
         if not self.known:
             return self._call(a, b, bias)
-        y = _rows_product(a, b)
+        y = _rows_product(a, b, self.team)
         rows = y.reshape(math.prod(y.shape[:-1]), n)
         if bias is not None:
             bias = np.ascontiguousarray(bias).reshape(n)
@@ -390,6 +412,15 @@ class FusedMatMulKernel(CpuKernel):
         if self.activate is not None:
             self.activate(rows)
         return y
+
+
+def _claim(parallel: HostParallel | None) -> int:
+    """The threads of the EP's pool a GEMM kernel splits over (``jit/threads.py``)."""
+    if parallel is None or parallel.threads < 2:
+        return 1
+    from nxrt_ep_cpu.jit.threads import claim
+
+    return claim(parallel)
 
 
 def _float32(*arrays: np.ndarray | None) -> bool:

@@ -1,0 +1,343 @@
+"""One pool of threads for the cpu EP's work: numba's OpenMP team, GEMMs included.
+
+Measured on two cores, a parallel region costs about 1.5 us to start on
+numba's OpenMP layer, where handing work to Python threads costs about 100 us,
+more than most nodes of a small model take. But two pools on the same cores
+slow each other down badly: OpenMP threads spinning beside OpenBLAS's turned
+a 300 us pair of calls into 8 ms. So while this pool is in use, BLAS is held
+at one thread for the session (:meth:`nxrt.host_parallel.HostParallel.keep_blas_serial`)
+and GEMMs are split here, each thread calling the single-threaded
+``cblas_sgemm`` on its share of the output, which matches OpenBLAS's own two
+threads on every shape measured.
+
+The pool is used only where numba's ``omp`` threading layer loads (numba's
+``workqueue`` costs 100 us a region and is not safe from several threads) and
+never in a process forked after it started (GNU OpenMP does not survive a
+fork): there :func:`team` gives 1 and kernels run serially, with BLAS's own
+threads. ``GOMP_SPINCOUNT``, unless set, is lowered so that idle workers
+sleep after tens of microseconds rather than spinning for milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")  # read once, when libgomp loads
+
+import numba  # noqa: E402 - after the OpenMP setting above
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import prange, types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from nxrt_ep_cpu.jit import inline, njit  # noqa: E402
+from nxrt_ep_cpu.ops._blas import GEMM  # noqa: E402
+
+if TYPE_CHECKING:
+    from nxrt.host_parallel import HostParallel
+
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "omp"
+
+_state = {"usable": None, "forked": False}
+_lock = threading.Lock()
+_FLOAT32 = np.dtype(np.float32)
+#: GEMMs below this many multiply-adds run on one thread: a second one does not repay
+#: its start (measured: [144, 576] x [576, 1] takes 4.1 us either way).
+_SPLIT_MACS = 1 << 16
+#: ``cblas_sgemm``'s address and whether its integers are 64-bit.
+_BLAS = GEMM.address(_FLOAT32) if GEMM is not None else (0, False)
+
+
+def _forked() -> None:
+    _state["forked"] = True
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _usable() -> bool:
+    """Whether numba's OpenMP layer runs here, checked once by starting it."""
+    if _state["usable"] is None:
+        with _lock:
+            if _state["usable"] is None:
+                try:
+                    _probe(np.zeros(2, np.float32))
+                    _state["usable"] = numba.threading_layer() == "omp"
+                except (ValueError, RuntimeError, ImportError):
+                    _state["usable"] = False
+    return bool(_state["usable"])
+
+
+def team(threads: int) -> int:
+    """How many of this pool's threads a kernel asked to use ``threads`` runs on: 1 where
+    the pool cannot run (see the module's docstring)."""
+    if threads < 2 or _state["forked"] or GEMM is None or not _usable():
+        return 1
+    return min(threads, numba.config.NUMBA_NUM_THREADS)
+
+
+def claim(parallel: HostParallel | None) -> int:
+    """The team a kernel created for a session's pool ``parallel`` runs on; above 1 the
+    session's BLAS is held at one thread (the GEMMs run here instead)."""
+    size = team(parallel.threads if parallel is not None else 1)
+    if size > 1:
+        parallel.keep_blas_serial()
+    return size
+
+
+_launcher = threading.local()
+
+
+def size_team(threads: int) -> None:
+    """Give the calling thread's next parallel regions ``threads`` threads (numba keeps the
+    count per calling thread; set only when it changes, as a call costs about 1 us)."""
+    if getattr(_launcher, "threads", 0) != threads:
+        numba.set_num_threads(threads)
+        _launcher.threads = threads
+
+
+@njit(parallel=True)
+def _probe(x):  # pragma: no cover - compiled by numba
+    for i in prange(x.size):
+        x[i] += 1.0
+
+
+# -- cblas_sgemm from compiled code -------------------------------------------------------------
+
+
+def _sgemm_intrinsic(bits: int):
+    """An intrinsic calling ``cblas_sgemm`` at an address with integers of ``bits`` bits:
+    ``c[c_at:] = alpha * op(a[a_at:]) @ op(b[b_at:]) + beta * c[c_at:]``, row-major, the
+    transposes given as 0/1 and the leading dimensions given."""
+    integer = ir.IntType(bits)
+    int32 = ir.IntType(32)
+    real = ir.FloatType()
+    pointer = real.as_pointer()
+    signature_ir = ir.FunctionType(
+        ir.VoidType(),
+        [int32] * 3
+        + [integer] * 3
+        + [real, pointer, integer, pointer, integer]
+        + [real, pointer, integer],
+    )
+
+    @intrinsic
+    def sgemm(
+        typingctx, address, ta, tb, m, n, k, alpha, a, a_at, lda, b, b_at, ldb, beta, c, c_at, ldc
+    ):  # pragma: no cover - numba typing
+        arrays = (a, b, c)
+        if not all(isinstance(x, types.Array) and x.dtype == types.float32 for x in arrays):
+            return None
+        signature = types.void(
+            address, ta, tb, m, n, k, alpha, a, a_at, lda, b, b_at, ldb, beta, c, c_at, ldc
+        )
+
+        def codegen(context, builder, sig, args):
+            def whole(index):
+                value = context.cast(builder, args[index], sig.args[index], types.int64)
+                return value if bits == 64 else builder.trunc(value, integer)
+
+            def flag(index):  # CblasNoTrans 111, CblasTrans 112
+                value = context.cast(builder, args[index], sig.args[index], types.int32)
+                return builder.add(value, ir.Constant(int32, 111))
+
+            def scalar(index):
+                return context.cast(builder, args[index], sig.args[index], types.float32)
+
+            def data(index, offset):
+                array = context.make_array(sig.args[index])(context, builder, args[index])
+                at = context.cast(builder, args[offset], sig.args[offset], types.int64)
+                return builder.gep(array.data, [at])
+
+            function = builder.inttoptr(args[0], signature_ir.as_pointer())
+            builder.call(
+                function,
+                [ir.Constant(int32, 101), flag(1), flag(2), whole(3), whole(4), whole(5)]
+                + [scalar(6), data(7, 8), whole(9), data(10, 11), whole(12)]
+                + [scalar(13), data(14, 15), whole(16)],
+            )
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    return sgemm
+
+
+_sgemm64 = _sgemm_intrinsic(64)
+_sgemm32 = _sgemm_intrinsic(32)
+
+
+@inline
+def sgemm(blas, ta, tb, m, n, k, alpha, a, a_at, lda, b, b_at, ldb, beta, c, c_at, ldc):
+    """``cblas_sgemm`` at ``blas = (address, whether its integers are 64-bit)``, from
+    compiled code (arrays flat or not: offsets count elements from their start)."""
+    address, wide = blas
+    if wide:
+        _sgemm64(address, ta, tb, m, n, k, alpha, a, a_at, lda, b, b_at, ldb, beta, c, c_at, ldc)
+    else:
+        _sgemm32(address, ta, tb, m, n, k, alpha, a, a_at, lda, b, b_at, ldb, beta, c, c_at, ldc)
+
+
+@njit(parallel=True)
+def _split_gemm(
+    blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, parts
+):  # pragma: no cover - compiled by numba
+    """One GEMM cut into ``parts`` bands of output columns (or of rows, where the output
+    has fewer columns than rows), one per thread."""
+    if n >= m:
+        step = -(-n // parts)
+        step = -(-step // 16) * 16  # whole vectors of columns
+        for p in prange(parts):
+            j0 = p * step
+            j1 = min(n, j0 + step)
+            if j1 > j0:
+                b_at = j0 * ldb if tb else j0
+                sgemm(blas, ta, tb, m, j1 - j0, k, 1.0, a, 0, lda, b, b_at, ldb, beta, c, j0, ldc)
+    else:
+        step = -(-m // parts)
+        for p in prange(parts):
+            i0 = p * step
+            i1 = min(m, i0 + step)
+            if i1 > i0:
+                a_at = i0 if ta else i0 * lda
+                sgemm(
+                    blas,
+                    ta,
+                    tb,
+                    i1 - i0,
+                    n,
+                    k,
+                    1.0,
+                    a,
+                    a_at,
+                    lda,
+                    b,
+                    0,
+                    ldb,
+                    beta,
+                    c,
+                    i0 * ldc,
+                    ldc,
+                )
+
+
+@njit(parallel=True)
+def _batched_gemm(
+    blas, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, c, parts
+):  # pragma: no cover - compiled by numba
+    """``c[i] = op(a[i]) @ op(b[i])`` for each matrix ``i`` of flat operands (``a_step`` or
+    ``b_step`` 0 for an operand shared by all), the matrices spread over the threads."""
+    count = c.size // (m * n)
+    for i in prange(count):
+        sgemm(
+            blas, ta, tb, m, n, k, 1.0, a, i * a_step, lda, b, i * b_step, ldb, 0.0, c, i * m * n, n
+        )
+
+
+def _leading(x: np.ndarray) -> int:
+    """The row stride, in elements, of a 2-D float32 array with unit-stride rows; -1 if not."""
+    if x.shape[1] > 1 and x.strides[1] != 4:
+        return -1
+    if x.shape[0] == 1:
+        return max(x.shape[1], 1)
+    return x.strides[0] // 4 if x.strides[0] > 0 and x.strides[0] % 4 == 0 else -1
+
+
+def _operand(x: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+    """``x`` as BLAS reads it: (array, transposed 0/1, leading dimension), or ``None``."""
+    lead = _leading(x)
+    if lead >= x.shape[1] and lead > 0:
+        return x, 0, lead
+    lead = _leading(x.T)
+    if lead >= x.shape[0] and lead > 0:
+        return x.T, 1, lead
+    return None
+
+
+def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, threads: int) -> bool:
+    """``c = a @ b + beta * c`` for 2-D float32 arrays on ``threads`` of the pool (``a`` and
+    ``b`` may be transposed views; ``c`` has unit-stride rows and overlaps neither).
+    Returns ``False``, having done nothing, where it cannot."""
+    (m, k), (k2, n) = a.shape, b.shape
+    if (
+        threads < 2
+        or m == 1  # a matrix-vector product: OpenBLAS's result would then depend on the split
+        or m * n * k < _SPLIT_MACS
+        or c.dtype != _FLOAT32
+        or a.dtype != _FLOAT32
+        or b.dtype != _FLOAT32
+        or k != k2
+        or c.shape != (m, n)
+        or not c.flags.writeable
+    ):
+        return False
+    ldc = _leading(c)
+    left, right = _operand(a), _operand(b)
+    if ldc < n or left is None or right is None:
+        return False
+    (a_base, ta, lda), (b_base, tb, ldb) = left, right
+    size_team(threads)
+    _split_gemm(_BLAS, ta, tb, m, n, k, a_base, lda, b_base, ldb, beta, c, ldc, threads)
+    return True
+
+
+def matmul(a: np.ndarray, b: np.ndarray, threads: int) -> np.ndarray | None:
+    """``np.matmul(a, b)`` for float32 operands on ``threads`` of the pool: a 2-D ``b``
+    as one GEMM on the rows of ``a``, same-shaped batches (or a 2-D ``a``) as one GEMM
+    per matrix across the threads; ``None`` for anything else (the caller uses numpy)."""
+    if threads < 2 or a.dtype != _FLOAT32 or b.dtype != _FLOAT32 or a.ndim < 2 or b.ndim < 2:
+        return None
+    m, k = a.shape[-2:]
+    k2, n = b.shape[-2:]
+    if k != k2 or 0 in (m, n, k):
+        return None
+    if b.ndim == 2:
+        rows = a.reshape(-1, k) if a.flags.c_contiguous else None
+        if rows is None:
+            return None
+        out = np.empty((rows.shape[0], n), _FLOAT32)
+        if not gemm(rows, b, out, 0.0, threads):
+            return None
+        return out.reshape(a.shape[:-1] + (n,))
+    if a.ndim != b.ndim and a.ndim != 2:
+        return None
+    batch = b.shape[:-2] if a.ndim == 2 else a.shape[:-2]
+    if a.ndim != 2 and a.shape[:-2] != b.shape[:-2]:
+        return None
+    count = int(np.prod(batch))
+    if count < 2 or count * m * n * k < _SPLIT_MACS:
+        return None
+    flat_a, ta, lda, a_step = _batch_operand(a, count)
+    flat_b, tb, ldb, b_step = _batch_operand(b, count)
+    if flat_a is None or flat_b is None:
+        return None
+    out = np.empty(batch + (m, n), _FLOAT32)
+    size_team(threads)
+    _batched_gemm(
+        _BLAS, ta, tb, m, n, k, flat_a, a_step, lda, flat_b, b_step, ldb, out.reshape(-1), threads
+    )
+    return out
+
+
+def _batch_operand(x: np.ndarray, count: int) -> tuple[Any, int, int, int]:
+    """A batch operand as one flat array, with its transpose flag, leading dimension and
+    the elements between matrices (0 for one 2-D matrix shared by the batch)."""
+    rows, cols = x.shape[-2:]
+    if x.ndim == 2:
+        if x.flags.c_contiguous:
+            return x.reshape(-1), 0, cols, 0
+        if x.T.flags.c_contiguous:
+            return x.T.reshape(-1), 1, rows, 0
+        return None, 0, 0, 0
+    if x.flags.c_contiguous:
+        return x.reshape(-1), 0, cols, rows * cols
+    swapped = np.swapaxes(x, -1, -2)
+    if swapped.flags.c_contiguous:  # a transposed view, as attention's K^T often is
+        return swapped.reshape(-1), 1, rows, rows * cols
+    return None, 0, 0, 0
+
+
+__all__ = ["claim", "gemm", "matmul", "sgemm", "size_team", "team"]

@@ -1,0 +1,114 @@
+"""The cpu EP's own pool (``jit/threads.py``): split GEMMs and batches against numpy, the
+session's BLAS held at one thread while the pool runs, and serial kernels after a fork."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pytest
+
+from nxrt.host_parallel import HostParallel
+from nxrt_ep_cpu.jit import threads
+
+RNG = np.random.default_rng(5)
+pytestmark = pytest.mark.skipif(threads.team(2) < 2, reason="numba's OpenMP layer is absent")
+
+
+def _random(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n"), [(576, 96, 49), (96, 576, 49), (7, 300, 33), (128, 768, 770), (3, 17, 4000)]
+)
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+@pytest.mark.parametrize("layout", ["plain", "a transposed", "b transposed"])
+def test_split_gemm_matches_numpy(m, k, n, beta, layout):
+    a, b = _random(m, k), _random(k, n)
+    if layout == "a transposed":
+        a = np.ascontiguousarray(a.T).T
+    if layout == "b transposed":
+        b = np.ascontiguousarray(b.T).T
+    c = _random(m, n)
+    want = a.astype(np.float64) @ b + beta * c
+    assert threads.gemm(a, b, c, beta, 2)
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-3)
+
+
+def test_gemm_declines_what_it_does_not_split():
+    c = np.zeros((1, 1000), np.float32)
+    assert not threads.gemm(_random(1, 2048), _random(2048, 1000), c, 0.0, 2)  # a GEMV
+    assert not threads.gemm(_random(4, 4), _random(4, 4), np.zeros((4, 4), np.float32), 0.0, 2)
+    assert not threads.gemm(_random(64, 64), _random(64, 64), np.zeros((64, 64)), 0.0, 2)
+    assert not threads.gemm(_random(64, 64), _random(64, 64), np.zeros((64, 64), np.float32), 0, 1)
+    assert not c.any()
+
+
+@pytest.mark.parametrize(
+    ("shape_a", "shape_b"),
+    [
+        ((2, 12, 128, 64), (2, 12, 64, 128)),
+        ((12, 50, 64), (12, 64, 30)),
+        ((96, 64), (3, 64, 50)),
+        ((16, 49, 96), (96, 384)),
+    ],
+)
+def test_matmul_matches_numpy(shape_a, shape_b):
+    a, b = _random(*shape_a), _random(*shape_b)
+    want = np.matmul(a.astype(np.float64), b)
+    np.testing.assert_allclose(threads.matmul(a, b, 2), want, rtol=1e-4, atol=1e-3)
+    b_t = np.ascontiguousarray(np.swapaxes(b, -1, -2)).swapaxes(-1, -2)  # as attention's K^T
+    np.testing.assert_allclose(threads.matmul(a, b_t, 2), want, rtol=1e-4, atol=1e-3)
+
+
+def test_matmul_leaves_broadcast_batches_and_other_dtypes_to_numpy():
+    assert threads.matmul(_random(2, 1, 5, 7), _random(3, 7, 4), 2) is None
+    assert threads.matmul(_random(8, 8).astype(np.float64), _random(8, 8), 2) is None
+
+
+def test_a_kernel_on_the_pool_holds_blas_at_one_thread():
+    with HostParallel(2) as parallel:
+        assert parallel.blas_threads == 2
+        assert threads.claim(parallel) == 2
+        assert parallel.blas_threads == 1
+    with HostParallel(1) as parallel:
+        assert threads.claim(parallel) == 1 and parallel.blas_threads == 1
+
+
+def _in_child(queue) -> None:
+    a, b = np.ones((256, 256), np.float32), np.ones((256, 256), np.float32)
+    y = threads.matmul(a, b, threads.team(2))
+    queue.put((threads.team(2), None if y is None else float(y[0, 0])))
+
+
+def test_a_forked_child_runs_serially():
+    """GNU OpenMP does not survive a fork: a child's kernels take their serial paths."""
+    threads.matmul(_random(64, 64, 64), _random(64, 64, 64), 2)  # the pool has started
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == (1, None)
+
+
+@pytest.mark.parametrize("name", ["Relu", "Sigmoid", "Gelu", "HardSwish"])
+def test_activations_split_over_the_pool_match_the_serial_loops(name):
+    from nxrt_ep_cpu.jit.elementwise import Activation, add_bias
+
+    activation = Activation(name)
+    x, bias = _random(300, 1000), _random(1000)
+    serial_map, serial_rows = activation.map(x), x + bias
+    activation(serial_rows)
+    with HostParallel(2) as parallel:
+        threads.claim(parallel)
+        split_map = activation.map(x, parallel)
+        split_rows = x.copy()
+        activation.epilogue(split_rows, bias, parallel)
+        plain = x.copy()
+        add_bias(plain, bias, parallel)
+    np.testing.assert_array_equal(split_map, serial_map)
+    np.testing.assert_array_equal(split_rows, serial_rows)
+    np.testing.assert_array_equal(plain, x + bias)
