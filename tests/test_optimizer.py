@@ -318,3 +318,52 @@ def test_batched_matmul_add_activation_becomes_one_fused_matmul(activation):
     assert [op for op, _ in steps] == ["FusedMatMul"]
     assert steps[0][1].attrs["activation"] == activation
     assert session.get_partition().fused == [("bias", "mm"), ("act", "mm")]
+
+
+def squeeze_excitation_block(batch: int, kernel: int, gate: str = "HardSigmoid"):
+    """MobileNetV3's / EfficientNet's block end: the channel gates of a squeeze-and-
+    excitation branch times its input, then the projection Conv."""
+    c, m, hidden = 8, 5, 4
+    inits = [
+        numpy_helper.from_array(RNG.standard_normal((hidden, c, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(RNG.standard_normal((c, hidden, 1, 1)).astype(np.float32), "w2"),
+        numpy_helper.from_array(
+            RNG.standard_normal((m, c, kernel, kernel)).astype(np.float32), "w3"
+        ),
+        numpy_helper.from_array(RNG.standard_normal(m).astype(np.float32), "b3"),
+    ]
+    pads = [kernel // 2] * 4
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pooled"], name="squeeze"),
+        helper.make_node("Conv", ["pooled", "w1"], ["h0"], name="fc1"),
+        helper.make_node("Relu", ["h0"], ["h1"], name="relu"),
+        helper.make_node("Conv", ["h1", "w2"], ["g0"], name="fc2"),
+        helper.make_node(gate, ["g0"], ["gates"], name="gate"),
+        helper.make_node("Mul", ["x", "gates"], ["scaled"], name="excite"),
+        helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"], name="project", pads=pads),
+    ]
+    shape = [batch, c, 7, 7]
+    return _model(nodes, [_value("x", shape)], [_value("y", [batch, m, 7, 7])], inits)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_channel_gates_fold_into_the_projection_conv(batch, kernel, threads):
+    x = RNG.standard_normal((batch, 8, 7, 7)).astype(np.float32)
+    model = squeeze_excitation_block(batch, kernel)
+    options = nxrt.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = nxrt.InferenceSession(model, options, providers=["cpu"])
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want[0], rtol=1e-4, atol=1e-5)
+    assert ("excite", "project") in session.get_partition().fused
+    assert "Mul" not in [step.op_type for step in session._plan.steps]
+
+
+def test_a_gated_input_read_twice_keeps_its_mul():
+    model = squeeze_excitation_block(1, 1)
+    model.graph.output.append(_value("scaled", [1, 8, 7, 7]))
+    x = RNG.standard_normal((1, 8, 7, 7)).astype(np.float32)
+    session, steps = _compare(model, {"x": x})
+    assert "Mul" in [op for op, _ in steps]

@@ -176,13 +176,20 @@ def _fused_schemas() -> list[onnx.defs.OpSchema]:
         "FusedConv",
         DOMAIN,
         FUSED_SINCE,
-        "activation(Conv(X, W, B) + Z): a Conv with the residual Add and the activation "
-        "after it fused in.",
+        "activation(Conv(X * S, W, B) + Z): a Conv with the per-channel scale Mul before it "
+        "and the residual Add and the activation after it fused in.",
         inputs=[
             param("X", "T", "Input, as Conv's."),
             param("W", "T", "Weights, as Conv's."),
             param("B", "T", "Bias per output channel.", param_option=optional),
             param("Z", "T", "Added to the Conv result (same shape).", param_option=optional),
+            param(
+                "S",
+                "T",
+                "Scale of each input channel, (N, C, 1, ...) or (1, C, 1, ...): the Conv reads "
+                "X * S (a squeeze-and-excitation block's output).",
+                param_option=optional,
+            ),
         ],
         outputs=[param("Y", "T", "Output, as Conv's.")],
         type_constraints=[("T", _FLOATS, "Floating-point tensors.")],

@@ -615,7 +615,20 @@ class FoldPreActivation(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, bool(self.fused))
 
 
-class FuseConvActivation(ir.passes.InPlacePass):
+class _FusingPass(ir.passes.InPlacePass):
+    """A pass making ``pkg.nxrt`` ops, only those the EP has kernels for (``supports``);
+    ``fused`` lists the ``(node, into)`` pairs for the partition report."""
+
+    def __init__(self, supports: Callable[[str, str], bool] | None) -> None:
+        super().__init__()
+        self.supports = supports
+        self.fused: list[tuple[str, str]] = []
+
+    def has(self, op_type: str) -> bool:
+        return self.supports is not None and self.supports(FUSED_DOMAIN, op_type)
+
+
+class FuseConvActivation(_FusingPass):
     """Turn Conv -> [Add/Sum residual] -> [activation] into one ``pkg.nxrt::FusedConv``.
 
     The residual input ``Z`` (same shape as the Conv output) and the
@@ -626,13 +639,8 @@ class FuseConvActivation(ir.passes.InPlacePass):
     MobileNetV3's Conv -> BN -> HardSwish do too (see :func:`_fused_activation`).
     """
 
-    def __init__(self, supports: Callable[[str, str], bool] | None) -> None:
-        super().__init__()
-        self.supports = supports
-        self.fused: list[tuple[str, str]] = []
-
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        if self.supports is None or not self.supports(FUSED_DOMAIN, "FusedConv"):
+        if not self.has("FusedConv"):
             return ir.passes.PassResult(model, False)
         graph = model.graph
         for conv in list(graph):
@@ -681,7 +689,70 @@ class FuseConvActivation(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, bool(self.fused))
 
 
-class FuseMatMulAdd(ir.passes.InPlacePass):
+class FuseChannelScale(_FusingPass):
+    """Fold ``Mul(x, s)``, ``s`` one scale per channel (``[N, C, 1, 1]``), into the Conv that
+    alone reads it: a ``pkg.nxrt::FusedConv`` with input ``S``.
+
+    That is how a squeeze-and-excitation block (MobileNetV3, EfficientNet) ends:
+    the block's input times its channel gates, then the 1x1 projection. The
+    kernel scales the weights instead (``filters x channels`` multiplies, not a
+    read and a write of the whole activation). Runs after
+    :class:`FuseConvActivation`, so the Conv may already be fused.
+    """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        if not self.has("FusedConv"):
+            return ir.passes.PassResult(model, False)
+        graph = model.graph
+        for conv in list(graph):
+            fused_conv = conv.op_type == "FusedConv" and conv.domain == FUSED_DOMAIN
+            if not (fused_conv or _standard(conv, "Conv")) or conv.graph is not graph:
+                continue
+            if len(conv.inputs) > 4 or not conv.inputs or conv.inputs[0] is None:
+                continue
+            mul = conv.inputs[0].producer()
+            if mul is None or not _standard(mul, "Mul") or mul.graph is not graph:
+                continue
+            if _only_user(mul.outputs[0], graph) is not conv or len(mul.inputs) != 2:
+                continue
+            split = _channel_scale(mul)
+            if split is None:
+                continue
+            x, scale = split
+            inputs = list(conv.inputs) + [None] * (4 - len(conv.inputs))
+            inputs[0] = x
+            attributes = [ir.Attr(a.name, a.type, a.value) for a in conv.attributes.values()]
+            fused = ir.Node(
+                FUSED_DOMAIN,
+                "FusedConv",
+                [*inputs, scale],
+                attributes,
+                num_outputs=1,
+                version=FUSED_VERSION,
+                name=conv.name,
+            )
+            _replace_chain(graph, [mul, conv], fused, conv.outputs[0])
+            self.fused.append((mul.name, conv.name))
+        if self.fused:
+            model.opset_imports.setdefault(FUSED_DOMAIN, FUSED_VERSION)
+        return ir.passes.PassResult(model, bool(self.fused))
+
+
+def _channel_scale(mul: ir.Node) -> tuple[ir.Value, ir.Value] | None:
+    """``(x, s)`` of a Mul whose one operand ``x`` is ``[N, C, ...]`` and other ``s`` one
+    value per channel (``[N or 1, C, 1, ...]``) of the same dtype; ``None`` otherwise."""
+    for x, scale in (mul.inputs, reversed(mul.inputs)):
+        shape, per = _static_shape(x), _static_shape(scale)
+        if shape is None or per is None or len(shape) < 3 or len(per) != len(shape):
+            continue
+        if x.dtype != scale.dtype or shape != _static_shape(mul.outputs[0]):
+            continue
+        if per[0] in (1, shape[0]) and per[1] == shape[1] and all(d == 1 for d in per[2:]):
+            return x, scale
+    return None
+
+
+class FuseMatMulAdd(_FusingPass):
     """Fold the bias Add (and an activation) that follows a MatMul by constant weights.
 
     A 2-D product becomes a standard Gemm; a batched one (a transformer's
@@ -690,14 +761,9 @@ class FuseMatMulAdd(ir.passes.InPlacePass):
     of through a second full-size array.
     """
 
-    def __init__(self, supports: Callable[[str, str], bool] | None) -> None:
-        super().__init__()
-        self.supports = supports
-        self.fused: list[tuple[str, str]] = []
-
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
-        fused_ok = self.supports is not None and self.supports(FUSED_DOMAIN, "FusedMatMul")
+        fused_ok = self.has("FusedMatMul")
         for matmul in list(graph):
             if not _standard(matmul, "MatMul") or matmul.graph is not graph:
                 continue
@@ -820,6 +886,7 @@ def cpu_passes(ep: ExecutionProvider) -> list[ir.passes.PassBase]:
         FoldChannelAffine(),
         FoldPreActivation(),
         FuseConvActivation(supports),
+        FuseChannelScale(supports),
         FuseMatMulAdd(supports),
         TransposeGemmWeights(),
     ]

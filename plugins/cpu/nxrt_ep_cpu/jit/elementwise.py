@@ -253,8 +253,18 @@ def _loops(kind: int) -> tuple[Any, Any, Any, Any, Any]:
     @njit(fastmath=_FMA, parallel=True)
     def bias_rows_parts(y, bias, a, b, bounds):  # pragma: no cover - compiled by numba
         """:func:`bias_rows` on the row pieces ``bounds[p]..bounds[p + 1]``, over the pool."""
+        # the loop written out again, not a call of ``bias_rows``: numba's disk cache keys a
+        # closure by its constants, and a compiled closure it calls is not one of them, so
+        # every activation's loop would load the first one cached (measured: Relu for Gelu)
+        n = y.shape[1]
         for p in numba.prange(bounds.size - 1):
-            bias_rows(y, bias, a, b, bounds[p], bounds[p + 1])
+            for r in range(bounds[p], bounds[p + 1]):
+                row = y[r]
+                if bias.size:
+                    for i in range(n):
+                        row[i] += bias[i]
+                for i in range(n):
+                    row[i] = _apply(row[i], kind, a, b)
 
     return map_values, rows_in_place, bias_rows, map_parts, bias_rows_parts
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from nxrt_ep_cpu.jit import inline, mathf, njit
-from nxrt_ep_cpu.jit.threads import sgemm
+from nxrt_ep_cpu.jit.threads import row_product, sgemm
 
 SIGMOID = 0
 TANH = 1
@@ -72,28 +72,6 @@ def use_blas(rows: int, width: int) -> bool:
     """Whether the hidden product of ``rows`` batch rows and ``width`` gate rows (``R``'s
     rows) goes to BLAS rather than the loop (measured, above)."""
     return rows >= 16 or width < 512 or (rows >= 4 and width < 1024)
-
-
-@njit(fastmath=_FASTMATH)
-def _product_row(h, rt, j0, j1, out):  # pragma: no cover - compiled by numba
-    """``out = h @ rt[:, j0:j1]`` for one row ``h``."""
-    depth = h.shape[0]
-    width = j1 - j0
-    for j in range(width):
-        out[j] = _ZERO
-    k = 0
-    while k + 4 <= depth:
-        h0, h1, h2, h3 = h[k], h[k + 1], h[k + 2], h[k + 3]
-        r0, r1, r2, r3 = rt[k, j0:j1], rt[k + 1, j0:j1], rt[k + 2, j0:j1], rt[k + 3, j0:j1]
-        for j in range(width):
-            out[j] += h0 * r0[j] + h1 * r1[j] + h2 * r2[j] + h3 * r3[j]
-        k += 4
-    while k < depth:
-        h0 = h[k]
-        r0 = rt[k, j0:j1]
-        for j in range(width):
-            out[j] += h0 * r0[j]
-        k += 1
 
 
 @njit(fastmath=_FASTMATH)
@@ -142,7 +120,7 @@ def hidden_product(h, rt, col0, col1, out, block, blas):  # pragma: no cover - c
             _product_pair(h[b], h[b + 1], rt, j0, j1, out[b, j0:j1], out[b + 1, j0:j1])
             b += 2
         if b < rows:
-            _product_row(h[b], rt, j0, j1, out[b, j0:j1])
+            row_product(h[b], rt, j0, j1, out[b, j0:j1])
 
 
 @inline

@@ -44,6 +44,8 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
 _state = {"usable": None, "forked": False}
 _lock = threading.Lock()
 _FLOAT32 = np.dtype(np.float32)
+#: FMA contraction only: no reassociation, so NaN and inf keep their meaning.
+_CONTRACT = {"contract"}
 #: GEMMs below this many multiply-adds run on one thread: a second one does not repay
 #: its start (measured: [144, 576] x [576, 1] takes 4.1 us either way).
 _SPLIT_MACS = 1 << 16
@@ -181,6 +183,56 @@ def sgemm(blas, ta, tb, m, n, k, alpha, a, a_at, lda, b, b_at, ldb, beta, c, c_a
         _sgemm32(address, ta, tb, m, n, k, alpha, a, a_at, lda, b, b_at, ldb, beta, c, c_at, ldc)
 
 
+@njit(fastmath=_CONTRACT)
+def row_product(h, rt, j0, j1, out):  # pragma: no cover - compiled by numba
+    """``out = h @ rt[:, j0:j1]`` for one row ``h``."""
+    depth = h.shape[0]
+    width = j1 - j0
+    for j in range(width):
+        out[j] = np.float32(0.0)
+    k = 0
+    while k + 4 <= depth:
+        h0, h1, h2, h3 = h[k], h[k + 1], h[k + 2], h[k + 3]
+        r0, r1, r2, r3 = rt[k, j0:j1], rt[k + 1, j0:j1], rt[k + 2, j0:j1], rt[k + 3, j0:j1]
+        for j in range(width):
+            out[j] += h0 * r0[j] + h1 * r1[j] + h2 * r2[j] + h3 * r3[j]
+        k += 4
+    while k < depth:
+        h0 = h[k]
+        r0 = rt[k, j0:j1]
+        for j in range(width):
+            out[j] += h0 * r0[j]
+        k += 1
+
+
+@njit(parallel=True)
+def _split_depth(
+    blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, partial, parts
+):  # pragma: no cover - compiled by numba
+    """One GEMM of few rows cut along its depth: part 0 into ``c`` (with ``beta``), part ``p``
+    into ``partial[p - 1]``, then summed into ``c``. Every part spans all columns, so each
+    column is computed as in one call (OpenBLAS's sums change with a split of the columns)."""
+    step = -(-k // parts)
+    for p in prange(parts):
+        k0 = p * step
+        k1 = min(k, k0 + step)
+        a_at = k0 * lda if ta else k0
+        b_at = k0 if tb else k0 * ldb
+        if p == 0:
+            sgemm(blas, ta, tb, m, n, k1 - k0, 1.0, a, a_at, lda, b, b_at, ldb, beta, c, 0, ldc)
+        elif k1 > k0:
+            out = partial[p - 1]
+            sgemm(blas, ta, tb, m, n, k1 - k0, 1.0, a, a_at, lda, b, b_at, ldb, 0.0, out, 0, n)
+        else:
+            partial[p - 1][:] = 0.0
+    for p in range(parts - 1):
+        for i in range(m):
+            row = c[i * ldc : i * ldc + n]
+            extra = partial[p][i * n : (i + 1) * n]
+            for j in range(n):
+                row[j] += extra[j]
+
+
 @njit(parallel=True)
 def _split_gemm(
     blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, parts
@@ -264,7 +316,6 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, threads: int)
     (m, k), (k2, n) = a.shape, b.shape
     if (
         threads < 2
-        or m == 1  # a matrix-vector product: OpenBLAS's result would then depend on the split
         or m * n * k < _SPLIT_MACS
         or c.dtype != _FLOAT32
         or a.dtype != _FLOAT32
@@ -280,6 +331,15 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, threads: int)
         return False
     (a_base, ta, lda), (b_base, tb, ldb) = left, right
     size_team(threads)
+    if m == 1:  # a row times a matrix: split along the depth (see _split_depth)
+        partial = np.empty((threads - 1, n), _FLOAT32)
+        flat_c = c.reshape(-1) if c.flags.c_contiguous else None
+        if flat_c is None:
+            return False
+        _split_depth(
+            _BLAS, ta, tb, m, n, k, a_base, lda, b_base, ldb, beta, flat_c, ldc, partial, threads
+        )
+        return True
     _split_gemm(_BLAS, ta, tb, m, n, k, a_base, lda, b_base, ldb, beta, c, ldc, threads)
     return True
 

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from nxrt.errors import NxrtError
+from nxrt.errors import KernelFailed, NxrtError
 from nxrt.kernel import attribute_values
 from nxrt.memory import Workspace
 from nxrt_ep_cpu.kernels import NumpyKernel
@@ -199,8 +199,15 @@ class ConvKernel(NumpyKernel):
         return self.run
 
     def run(
-        self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, z: np.ndarray | None = None
+        self,
+        x: np.ndarray,
+        w: np.ndarray,
+        b: np.ndarray | None = None,
+        z: np.ndarray | None = None,
+        s: np.ndarray | None = None,
     ) -> np.ndarray:
+        if s is not None:
+            x, w = _scaled(x, w, s, int(self.attrs.get("group", 1)))
         plan = self._plans.get((x.shape, w.shape, x.dtype))
         if plan is None:
             plan = self._plan(x.shape, w.shape, x.dtype)
@@ -218,6 +225,21 @@ class ConvKernel(NumpyKernel):
 
     def __repr__(self) -> str:
         return f"ConvKernel({self.variant or 'unplanned'}, {self.attrs})"
+
+
+def _scaled(
+    x: np.ndarray, w: np.ndarray, s: np.ndarray, group: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The operands of ``conv(x * s, w)`` for a per-input-channel scale ``s``: for one image
+    and one group, the weights scaled along their input channels (``filters x channels``
+    multiplies instead of a pass over the whole input); else the input scaled."""
+    n, c = x.shape[:2]
+    if s.ndim != x.ndim or s.shape[1] != c or s.shape[0] not in (1, n) or s.size != s.shape[0] * c:
+        raise KernelFailed(f"FusedConv's scale S must be (N, C, 1, ...), got {s.shape}")
+    if n == 1 and group == 1 and w.shape[1] == c and w.size <= x.size:
+        scale = s.reshape((1, c) + (1,) * (w.ndim - 2)).astype(w.dtype, copy=False)
+        return x, w * scale
+    return np.multiply(x, s.astype(x.dtype, copy=False)), w
 
 
 def _static_shapes(node: ir.Node) -> tuple[tuple[int, ...], tuple[int, ...], np.dtype] | None:

@@ -75,6 +75,7 @@ def fused_conv(
     w: np.ndarray,
     b: np.ndarray | None = None,
     z: np.ndarray | None = None,
+    s: np.ndarray | None = None,
     /,
     *,
     activation: str = "",
@@ -86,10 +87,11 @@ def fused_conv(
     pads: list[int] | None = None,
     strides: list[int] | None = None,
 ) -> np.ndarray:
-    """``activation(conv(x, w) + b + z)``: a Conv with what followed it fused in.
+    """``activation(conv(x * s, w) + b + z)``: a Conv with what surrounds it fused in.
 
-    The optimizer makes it from Conv -> Add/Sum (residual ``z``) -> activation
-    (Relu, Clip, LeakyRelu, Sigmoid, Tanh; ONNX Runtime's FusedConv names).
+    The optimizer makes it from [Mul by a per-channel scale ``s``] -> Conv ->
+    Add/Sum (residual ``z``) -> activation (Relu, Clip, LeakyRelu, Sigmoid, Tanh;
+    ONNX Runtime's FusedConv names, and more).
     """
     attrs = {
         "auto_pad": auto_pad,
@@ -100,7 +102,7 @@ def fused_conv(
         "strides": strides,
     }
     kernel = ConvKernel(attrs, activation=activation, activation_params=activation_params or ())
-    return kernel.run(x, w, b, z)
+    return kernel.run(x, w, b, z, s)
 
 
 @op("ConvTranspose", since=(1, 11, 22))
