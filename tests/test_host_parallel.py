@@ -215,9 +215,13 @@ def test_keep_blas_serial_caps_every_run_at_one_thread():
     with HostParallel(2) as parallel:
         parallel.keep_blas_serial()
         assert parallel.blas_threads == 1
-        for _ in range(40):  # the chooser would try two threads on some of these
+        seen = set()
+        for _ in range(40):  # BLAS stays at one thread; the pool's team is chosen per run
             with parallel.run_limits() as limit:
                 assert limit == 1
+                seen.add(parallel.active_threads)
+            assert parallel.active_threads == 2
+        assert seen == {1, 2}
         parallel.hold_blas()
         with parallel.run_limits() as limit:
             assert limit == 1

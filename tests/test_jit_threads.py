@@ -121,3 +121,28 @@ def test_activations_split_over_the_pool_match_the_serial_loops(name):
     np.testing.assert_array_equal(split_map, serial_map)
     np.testing.assert_array_equal(split_rows, serial_rows)
     np.testing.assert_array_equal(plain, x + bias)
+
+
+def test_normalizations_split_over_the_pool_match_the_serial_loops():
+    from nxrt_ep_cpu.jit import norm
+
+    x = _random(256, 768)
+    scale, bias = _random(768), _random(768)
+    images = _random(2, 32, 28, 28)
+    channel_scale, channel_bias = _random(32), _random(32)
+
+    def each(parallel):
+        return [
+            *norm.layer_norm(x, scale, bias, 1e-5, parallel),
+            norm.rms_norm(x, scale, 1e-6, parallel),
+            norm.group_norm(images, channel_scale, channel_bias, 8, 1e-5, parallel),
+            norm.softmax(x, 1, False, parallel),
+            norm.softmax(images, 1, True, parallel),  # along an axis that is not the last
+        ]
+
+    serial = each(None)
+    with HostParallel(2) as parallel:
+        threads.claim(parallel)
+        split = each(parallel)
+    for got, want in zip(split, serial, strict=True):
+        np.testing.assert_array_equal(got, want)

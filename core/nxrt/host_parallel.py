@@ -172,6 +172,8 @@ class HostParallel:
         self._held = False
         self._held_cap = threads
         self._blas_threads = threads
+        #: The threads a kernel may split over in the current run (see :meth:`_choose_team`).
+        self.active_threads = threads
         self._chooser = _CapChooser(threads)
 
     @property
@@ -291,11 +293,8 @@ class HostParallel:
         of each did faster, and every 16th run tries the other count again.
         """
         if self._blas_threads == 1:
-            if self._held:
-                yield 1
-            else:
-                with _governor.cap(1):
-                    yield 1
+            with contextlib.nullcontext() if self._held else _governor.cap(1):
+                yield from self._choose_team()
             return
         if self._threads == 1 or self._busy or _in_worker():
             with self.blas_limits() as limit:
@@ -309,6 +308,23 @@ class HostParallel:
             with _governor.cap(limit):
                 yield limit
         self._chooser.record(limit, time.perf_counter() - start)
+
+    def _choose_team(self) -> Iterator[int]:
+        """One run of a session whose kernels split over a pool of their own (BLAS held at
+        one thread): :attr:`active_threads` is ``threads`` or 1, chosen as
+        :meth:`run_limits` chooses BLAS's count, as that pool's threads also wait for
+        each other and lose as much when another process holds a core."""
+        if self._threads == 1 or self._busy or _in_worker():
+            yield 1
+            return
+        count = self._chooser.choose()
+        self.active_threads = count
+        start = time.perf_counter()
+        try:
+            yield 1
+        finally:
+            self.active_threads = self._threads
+        self._chooser.record(count, time.perf_counter() - start)
 
     def hold_blas(self) -> None:
         """Cap BLAS at ``threads`` (1 after :meth:`keep_blas_serial`) until

@@ -21,7 +21,7 @@ Multiplies and adds may fuse into FMAs (``contract``: 25% faster, within the
 same float32 rounding); NaN and inf keep their meaning.
 
 The wrappers split a call over the EP's pool (``jit/threads.py``) from
-:data:`TEAM_NS` of estimated work where the session's GEMMs run there, else
+:data:`~nxrt_ep_cpu.jit.threads.TEAM_NS` of estimated work where the session's GEMMs run there, else
 across the session's pool (``HostParallel``) from :data:`PARALLEL_NS`; the
 loops release the GIL.
 """
@@ -41,7 +41,8 @@ from numba.extending import overload
 from numpy.lib.stride_tricks import as_strided
 
 from nxrt_ep_cpu.jit import inline, mathf, njit
-from nxrt_ep_cpu.jit.threads import size_team, team
+from nxrt_ep_cpu.jit.threads import bounds as pieces
+from nxrt_ep_cpu.jit.threads import size_team, split_team
 
 if TYPE_CHECKING:
     from nxrt.host_parallel import HostParallel
@@ -94,9 +95,6 @@ _COST_NS = {
 #: the second core saves less than the hand-off costs, and loses when another
 #: process holds that core.
 PARALLEL_NS = 200_000
-#: The same on the EP's own pool (``jit/threads.py``), whose parallel regions start in
-#: about 1.5 us.
-TEAM_NS = 10_000
 #: Chunks start at multiples of this many values (64-byte lines), so two threads
 #: never write the same cache line.
 _ALIGN = 16
@@ -280,21 +278,6 @@ def _parts(values: int, cost_ns: float, parallel: HostParallel | None) -> int:
     return parallel.threads
 
 
-def _team(work_ns: float, parallel: HostParallel | None) -> int:
-    """Threads of the EP's pool for ``work_ns`` of work: only where the session's GEMMs run
-    there too (BLAS held at one thread; two pools would fight), and the work repays the
-    start of a parallel region (about 1.5 us)."""
-    if parallel is None or parallel.threads < 2 or parallel.blas_threads != 1:
-        return 1
-    return team(parallel.threads) if work_ns >= TEAM_NS else 1
-
-
-def _bounds(n: int, parts: int, align: int) -> np.ndarray:
-    """:func:`_ranges` as the array of piece boundaries the split loops take."""
-    pieces = _ranges(n, parts, align)
-    return np.array([start for start, _ in pieces] + [n], np.int64)
-
-
 def _ranges(n: int, parts: int, align: int) -> list[tuple[int, int]]:
     """``range(n)`` as ``parts`` contiguous pieces whose starts are multiples of ``align``."""
     step = -(-n // (parts * align)) * align
@@ -367,10 +350,10 @@ class Activation:
         y = np.empty_like(x)
         src, dst = x.reshape(-1), y.reshape(-1)
         n = src.size
-        team = _team(n * self.cost_ns, parallel)
+        team = split_team(parallel, n * self.cost_ns)
         if team > 1:
             size_team(team)
-            self._map_parts(src, dst, a, b, _bounds(n, team, _ALIGN))
+            self._map_parts(src, dst, a, b, pieces(n, team, _ALIGN))
             return y
         parts = _parts(n, self.cost_ns, parallel)
         loop = self._map
@@ -418,10 +401,10 @@ def _each_row(loops, y, bias, a, b, cost_ns: float, parallel: HostParallel | Non
     rows = y.shape[0]
     bias = _NO_BIAS if bias is None else bias
     loop, split = loops
-    team = min(rows, _team(y.size * cost_ns, parallel))
+    team = min(rows, split_team(parallel, y.size * cost_ns))
     if team > 1:
         size_team(team)
-        split(y, bias, a, b, _bounds(rows, team, 1))
+        split(y, bias, a, b, pieces(rows, team))
         return
     parts = min(rows, _parts(y.size, cost_ns, parallel))
     if parts <= 1:

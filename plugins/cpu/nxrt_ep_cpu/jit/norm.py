@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import prange, types
 from numba.extending import intrinsic
 
 from nxrt_ep_cpu.jit import inline, mathf, njit
+from nxrt_ep_cpu.jit.threads import bounds, size_team, split_team
 
 if TYPE_CHECKING:
     from nxrt.host_parallel import HostParallel
@@ -48,16 +49,27 @@ _MAX = {"reassoc", "contract", "nnan", "nsz"}
 
 
 def run_rows(
-    work: Callable[[int, int], None], rows: int, values: int, parallel: HostParallel | None
+    work: Callable[[int, int], None],
+    rows: int,
+    values: int,
+    parallel: HostParallel | None,
+    split: Callable[[np.ndarray], None] | None = None,
 ) -> None:
-    """``work(first, stop)`` over ``range(rows)``: in one call, or, when the call's work
-    (``values``) reaches :data:`PARALLEL_VALUES`, on every pool thread, each taking the
-    next block of rows until none is left.
+    """``work(first, stop)`` over ``range(rows)``: in one call; or ``split(bounds)``, the
+    same loop over pieces of rows on the EP's pool (``jit/threads.py``), from
+    :data:`~nxrt_ep_cpu.jit.threads.TEAM_NS` of work (about ``values`` ns); or, without
+    that pool, from :data:`PARALLEL_VALUES`, on every thread of the session's pool, each
+    taking the next block of rows until none is left.
 
     Blocks rather than one fixed half per thread: on a shared machine one pool thread
     may lose its core for a while, and the other then does more blocks instead of
     waiting for it.
     """
+    team = split_team(parallel, values) if split is not None and rows > 1 else 1
+    if team > 1:
+        size_team(team)
+        split(bounds(rows, team))
+        return
     if parallel is None or parallel.threads < 2 or rows < 2 or values < PARALLEL_VALUES:
         work(0, rows)
         return
@@ -135,7 +147,10 @@ def layer_norm(
     def work(first: int, stop: int) -> None:
         _layer_norm_rows(x, scale, b, y, means, inv_stds, epsilon, first, stop)
 
-    run_rows(work, rows, x.size, parallel)
+    def split(parts: np.ndarray) -> None:
+        _layer_norm_team(x, scale, b, y, means, inv_stds, epsilon, parts)
+
+    run_rows(work, rows, x.size, parallel, split)
     return y, means, inv_stds
 
 
@@ -167,7 +182,10 @@ def rms_norm(
     def work(first: int, stop: int) -> None:
         _rms_norm_rows(x, scale, y, epsilon, first, stop)
 
-    run_rows(work, rows, x.size, parallel)
+    def split(parts: np.ndarray) -> None:
+        _rms_norm_team(x, scale, y, epsilon, parts)
+
+    run_rows(work, rows, x.size, parallel, split)
     return y
 
 
@@ -218,7 +236,10 @@ def group_norm(
     def work(first: int, stop: int) -> None:
         _group_norm_rows(rows, scale, bias, y, groups, plane, epsilon, first, stop)
 
-    run_rows(work, n * groups, x.size, parallel)
+    def split(parts: np.ndarray) -> None:
+        _group_norm_team(rows, scale, bias, y, groups, plane, epsilon, parts)
+
+    run_rows(work, n * groups, x.size, parallel, split)
     return y.reshape(x.shape)
 
 
@@ -350,11 +371,59 @@ def softmax(x: np.ndarray, axis: int, log: bool, parallel: HostParallel | None) 
         def work(first: int, stop: int) -> None:
             _softmax_rows(rows, out, log, first, stop)
 
+        def split(parts: np.ndarray) -> None:
+            _softmax_rows_team(rows, out, log, parts)
+
     else:
         rows, out = np.ascontiguousarray(x).reshape(outer, n, inner), y.reshape(outer, n, inner)
 
         def work(first: int, stop: int) -> None:
             _softmax_columns(rows, out, log, first, stop)
 
-    run_rows(work, outer, x.size + x.size // 2, parallel)
+        def split(parts: np.ndarray) -> None:
+            _softmax_columns_team(rows, out, log, parts)
+
+    run_rows(work, outer, x.size + x.size // 2, parallel, split)
     return y
+
+
+# -- the row loops over the EP's pool (``jit/threads.py``) -------------------------------------
+
+
+@njit(parallel=True)
+def _layer_norm_team(
+    x, scale, bias, y, means, inv_stds, epsilon, parts
+):  # pragma: no cover - compiled by numba
+    """:func:`_layer_norm_rows` on each piece ``parts[p]..parts[p + 1]`` of rows, over the pool."""
+    for p in prange(parts.size - 1):
+        _layer_norm_rows(x, scale, bias, y, means, inv_stds, epsilon, parts[p], parts[p + 1])
+
+
+@njit(parallel=True)
+def _rms_norm_team(x, scale, y, epsilon, parts):  # pragma: no cover - compiled by numba
+    """:func:`_rms_norm_rows` on each piece ``parts[p]..parts[p + 1]`` of rows, over the pool."""
+    for p in prange(parts.size - 1):
+        _rms_norm_rows(x, scale, y, epsilon, parts[p], parts[p + 1])
+
+
+@njit(parallel=True)
+def _group_norm_team(
+    x, scale, bias, y, groups, plane, epsilon, parts
+):  # pragma: no cover - compiled by numba
+    """:func:`_group_norm_rows` on each piece ``parts[p]..parts[p + 1]`` of rows, over the pool."""
+    for p in prange(parts.size - 1):
+        _group_norm_rows(x, scale, bias, y, groups, plane, epsilon, parts[p], parts[p + 1])
+
+
+@njit(parallel=True)
+def _softmax_rows_team(x, y, log, parts):  # pragma: no cover - compiled by numba
+    """:func:`_softmax_rows` on each piece ``parts[p]..parts[p + 1]`` of rows, over the pool."""
+    for p in prange(parts.size - 1):
+        _softmax_rows(x, y, log, parts[p], parts[p + 1])
+
+
+@njit(parallel=True)
+def _softmax_columns_team(x, y, log, parts):  # pragma: no cover - compiled by numba
+    """:func:`_softmax_columns` on each piece ``parts[p]..parts[p + 1]`` of rows, over the pool."""
+    for p in prange(parts.size - 1):
+        _softmax_columns(x, y, log, parts[p], parts[p + 1])

@@ -90,6 +90,27 @@ def claim(parallel: HostParallel | None) -> int:
     return size
 
 
+#: Estimated work (ns on one core) from which a loop is split over the pool: a parallel
+#: region starts in about 1.5 us and the caller waits for the slower part.
+TEAM_NS = 10_000
+
+
+def split_team(parallel: HostParallel | None, work_ns: float) -> int:
+    """The threads a loop of ``work_ns`` splits over in this run: 1 unless the session's
+    GEMMs run on the pool too (BLAS held at one thread: two pools would fight), the run
+    is not one the session makes on one thread, and the work repays the start."""
+    if parallel is None or parallel.active_threads < 2 or parallel.blas_threads != 1:
+        return 1
+    return team(parallel.threads) if work_ns >= TEAM_NS else 1
+
+
+def bounds(n: int, parts: int, align: int = 1) -> np.ndarray:
+    """``range(n)`` as at most ``parts`` pieces whose starts are multiples of ``align``: the
+    boundaries ``[0, ..., n]`` the split loops take."""
+    step = max(1, -(-n // (parts * align)) * align)
+    return np.array([*range(0, n, step), n], np.int64)
+
+
 _launcher = threading.local()
 
 
@@ -400,4 +421,14 @@ def _batch_operand(x: np.ndarray, count: int) -> tuple[Any, int, int, int]:
     return None, 0, 0, 0
 
 
-__all__ = ["claim", "gemm", "matmul", "sgemm", "size_team", "team"]
+__all__ = [
+    "TEAM_NS",
+    "bounds",
+    "claim",
+    "gemm",
+    "matmul",
+    "sgemm",
+    "size_team",
+    "split_team",
+    "team",
+]

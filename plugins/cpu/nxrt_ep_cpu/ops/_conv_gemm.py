@@ -108,9 +108,6 @@ _DIRECT_BAND = 2048
 #: Nanoseconds of one core's work from which the numba variants split it across the
 #: pool: the half saved then outweighs waking a pool thread (50-150 µs).
 _PARALLEL_NS = 200_000
-#: The same threshold on the EP's own pool (``jit/threads.py``), which starts a parallel
-#: region in about 1.5 us.
-_TEAM_NS = 10_000
 #: Multiply-adds per nanosecond the direct kernel computes on one core (padded rows and
 #: taps included): one filter at a time, and two (measured).
 _DIRECT_RATE = (15, 35)
@@ -412,6 +409,11 @@ class GemmPlan:
         else:
             self.chunks = [(i, r.start, r.stop) for i in range(n) for r in _split(count, threads)]
 
+    def active_team(self) -> int:
+        """The threads of the EP's pool this run splits over: :attr:`team`, or 1 in a run
+        the session makes on one thread (see ``HostParallel.active_threads``)."""
+        return self.team if self.team > 1 and self.parallel.active_threads > 1 else 1
+
     def _extent(self, ho: int, wo: int) -> int:
         """The length of a chunk's range for one whole image: output rows."""
         return ho
@@ -557,7 +559,7 @@ class Pointwise(GemmPlan):
             i, p0, p1 = chunk
             dst = flat_out[i, :, p0:p1]
             beta = _prefill(dst, b2, None if flat_z is None else flat_z[i, :, p0:p1])
-            _gemm(wp, x[i, :, :, p0:p1], y[i, :, :, p0:p1], beta, self.team)
+            _gemm(wp, x[i, :, :, p0:p1], y[i, :, :, p0:p1], beta, self.active_team())
             _activate(dst, dst, act, relu)
 
         return work
@@ -579,7 +581,7 @@ class Pointwise(GemmPlan):
             cols = np.empty((g, cg, n, pixels), self.dtype)
             np.copyto(cols, x.reshape(n, g, cg, pixels).transpose(1, 2, 0, 3))
             product = np.empty((g, mg, n * pixels), self.dtype)
-            _gemm(wp, cols.reshape(g, cg, n * pixels), product, 0.0, self.team)
+            _gemm(wp, cols.reshape(g, cg, n * pixels), product, 0.0, self.active_team())
             moved = product.reshape(m, n, pixels)
             if self.dtype == np.float32:
                 from nxrt_ep_cpu.jit.conv import columns_to_images
@@ -692,7 +694,9 @@ class Direct(GemmPlan):
         """Pieces of ``ns`` of work: one per thread of the EP's pool (or of the session's,
         without it) once the work repays starting them."""
         if self.team > 1:
-            return self.team if ns >= _TEAM_NS else 1
+            from nxrt_ep_cpu.jit.threads import TEAM_NS
+
+            return self.team if ns >= TEAM_NS else 1
         return threads if threads > 1 and ns >= _PARALLEL_NS else 1
 
     def _warm(self) -> None:
@@ -770,12 +774,15 @@ class Direct(GemmPlan):
                 act(flat[first * pixels : stop * pixels])
 
         if len(self.ranges) > 1 and self.team > 1:
-            from nxrt_ep_cpu.jit.threads import size_team
+            if self.active_team() > 1:
+                from nxrt_ep_cpu.jit.threads import size_team
 
-            size_team(self.team)
-            self._launch_team(x, wp, bias, residual, planes, geometry, lo, hi, self.bounds)
-            if act is not None:
-                act(flat)
+                size_team(self.team)
+                self._launch_team(x, wp, bias, residual, planes, geometry, lo, hi, self.bounds)
+                if act is not None:
+                    act(flat)
+            else:
+                work(range(self.items))
         elif len(self.ranges) > 1:
             self.parallel.map(work, self.ranges)
         else:
@@ -1019,7 +1026,7 @@ class Im2col(GemmPlan):
                 )
                 valid = acc.reshape(self.m, e - a, wo)
                 beta = _prefill(valid, b, None if z is None else z[i, :, a:e])
-                _gemm(wp, flat, acc, beta, self.team)
+                _gemm(wp, flat, acc, beta, self.active_team())
                 _activate(valid, dst, act, relu)
 
         return work
@@ -1054,7 +1061,7 @@ class Im2col(GemmPlan):
                 block = block.reshape(images, g, cg, ho, wq)[..., :wo]
                 grid[:, t] = block.transpose(1, 2, 0, 3, 4)
             product = acc[:, :, :size]
-            _gemm(wp, grid.reshape(g, taps * cg, size), product, 0.0, self.team)
+            _gemm(wp, grid.reshape(g, taps * cg, size), product, 0.0, self.active_team())
             moved = product.reshape(m, images, ho, wo).transpose(1, 0, 2, 3)
             _finish(moved, out[i0:i1], b, None if z is None else z[i0:i1], act)
 
@@ -1086,7 +1093,7 @@ class Im2col(GemmPlan):
                 cols, acc = held
                 image_columns(x, cols, self.geometry, i0, i1)
                 product = acc[:, :, :size]
-                _gemm(wp, cols[:, :, :size], product, 0.0, self.team)
+                _gemm(wp, cols[:, :, :size], product, 0.0, self.active_team())
                 columns_to_images(
                     product.reshape(m, size),
                     flat_out,
@@ -1136,7 +1143,7 @@ class Taps(GemmPlan):
                 beta = _prefill_rows(acc, valid, b, None if z is None else z[i, :, a:e])
                 for t in range(self.taps):
                     block = layout.block(src, i, t, a, size).reshape(g, cg, size)
-                    _gemm(wp[t], block, acc, beta if t == 0 else 1.0, self.team)
+                    _gemm(wp[t], block, acc, beta if t == 0 else 1.0, self.active_team())
                 _activate(valid, out[i, :, a:e], act, relu)
 
         return work

@@ -309,7 +309,7 @@ class GemmKernel(CpuKernel):
     def run(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
         if not _float32(a, b, c) or a.ndim != 2 or b.ndim != 2:
             return self._call(a, b, c)
-        y = _product(a.T if self.trans_a else a, b.T if self.trans_b else b, self.team)
+        y = _product(a.T if self.trans_a else a, b.T if self.trans_b else b, _active(self))
         if self.alpha != 1.0:
             np.multiply(y, np.float32(self.alpha), out=y)
         if c is None or self.beta == 0.0:
@@ -331,6 +331,7 @@ class MatMulKernel(CpuKernel):
         self, fn: Callable[..., np.ndarray], attrs: dict[str, Any], parallel: HostParallel | None
     ) -> None:
         super().__init__(fn, attrs, variant="blas")
+        self.parallel = parallel
         self.team = _claim(parallel)
 
     @classmethod
@@ -345,11 +346,11 @@ class MatMulKernel(CpuKernel):
 
     def run(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if a.dtype in _BLAS_DTYPES and b.dtype == a.dtype and b.ndim == 2 and a.ndim >= 1:
-            return _rows_product(a, b, self.team)
-        if self.team > 1:
+            return _rows_product(a, b, _active(self))
+        if _active(self) > 1:
             from nxrt_ep_cpu.jit.threads import matmul
 
-            y = matmul(a, b, self.team)
+            y = matmul(a, b, _active(self))
             if y is not None:
                 return y
         return self._call(a, b)
@@ -400,7 +401,7 @@ class FusedMatMulKernel(CpuKernel):
             return self._call(a, b, bias)
         if not self.known:
             return self._call(a, b, bias)
-        y = _rows_product(a, b, self.team)
+        y = _rows_product(a, b, _active(self))
         rows = y.reshape(math.prod(y.shape[:-1]), n)
         if bias is not None:
             bias = np.ascontiguousarray(bias).reshape(n)
@@ -421,6 +422,12 @@ def _claim(parallel: HostParallel | None) -> int:
     from nxrt_ep_cpu.jit.threads import claim
 
     return claim(parallel)
+
+
+def _active(kernel: GemmKernel | MatMulKernel | FusedMatMulKernel) -> int:
+    """The kernel's team in this run: 1 when the session runs it on one thread."""
+    team = kernel.team
+    return team if team > 1 and kernel.parallel.active_threads > 1 else 1
 
 
 def _float32(*arrays: np.ndarray | None) -> bool:
