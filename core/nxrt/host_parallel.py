@@ -112,7 +112,10 @@ class _CapChooser:
 
     Keeps the last few run times of each count; each count is tried twice
     first, then the faster one is used, and every ``explore``-th run tries the
-    other again so that a change in the machine's load is noticed.
+    other again so that a change in the machine's load is noticed. A count's
+    first run is not kept: it pays what happens once (kernels loaded or
+    compiled on first use, memory first touched), which would otherwise make
+    whichever count ran first look slower.
     """
 
     def __init__(self, threads: int, keep: int = 5, explore: int = 16) -> None:
@@ -123,6 +126,7 @@ class _CapChooser:
         self.explore = explore
         self.runs = 0
         self.best: int | None = None  # the faster count, once each has two times
+        self._started: set[int] = set()  # counts whose first run has been dropped
         self._lock = threading.Lock()
 
     def choose(self) -> int:
@@ -137,6 +141,9 @@ class _CapChooser:
 
     def record(self, count: int, seconds: float) -> None:
         with self._lock:
+            if count not in self._started:
+                self._started.add(count)
+                return
             self.times[count].append(seconds)
             if len(self.times[count]) >= 2 and all(len(t) >= 2 for t in self.times.values()):
                 self.best = min(
