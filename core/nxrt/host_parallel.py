@@ -76,6 +76,15 @@ class _BlasGovernor:
             library.set_num_threads(threads)
             self._current[id(library)] = threads
 
+    def reassert(self) -> None:
+        """Set again any library whose thread count was changed behind the governor's back
+        (``threadpoolctl.threadpool_limits`` around a session's runs, say): about 1 us."""
+        with self._lock:
+            for library, _ in self._original:
+                wanted = self._current.get(id(library))
+                if wanted is not None and library.num_threads != wanted:
+                    library.set_num_threads(wanted)
+
     def acquire(self, threads: int) -> None:
         """Add a cap of ``threads``; :meth:`release` removes it."""
         with self._lock:
@@ -112,7 +121,10 @@ class _CapChooser:
 
     Keeps the last few run times of each count; each count is tried twice
     first, then the faster one is used, and every ``explore``-th run tries the
-    other again so that a change in the machine's load is noticed. A count's
+    other again so that a change in the machine's load is noticed. Counts are
+    compared by their fastest kept run: a run slowed by something passing (another
+    runtime's threads still spinning) does not tip the choice, where a core held by
+    another process slows every run of the larger count. A count's
     first run is not kept: it pays what happens once (kernels loaded or
     compiled on first use, memory first touched), which would otherwise make
     whichever count ran first look slower.
@@ -146,9 +158,7 @@ class _CapChooser:
                 return
             self.times[count].append(seconds)
             if len(self.times[count]) >= 2 and all(len(t) >= 2 for t in self.times.values()):
-                self.best = min(
-                    self.counts, key=lambda c: sorted(self.times[c])[len(self.times[c]) // 2]
-                )
+                self.best = min(self.counts, key=lambda c: min(self.times[c]))
 
 
 def _in_worker() -> bool:
@@ -324,6 +334,9 @@ class HostParallel:
         if self._threads == 1 or self._busy or _in_worker():
             yield 1
             return
+        # BLAS's threads must not run beside the pool's: the two spinning on the same cores
+        # cost 5-30x, so a count someone else raised is put back first
+        _governor.reassert()
         count = self._chooser.choose()
         self.active_threads = count
         start = time.perf_counter()
