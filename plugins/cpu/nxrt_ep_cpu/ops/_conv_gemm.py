@@ -94,9 +94,11 @@ _BAND_COLUMNS = 512
 _POINTWISE_COLUMNS_CHANNELS = 64
 #: GEMM columns a band of whole small images reaches at most.
 _BATCH_COLUMNS = 8192
-#: Multiply-adds per group from which several groups go to BLAS one call each (~8 µs of
-#: ctypes per call) rather than through numpy's batched matmul and an add.
-_DIRECT_GROUP_MACS = 1 << 21
+#: Multiply-adds per group from which a GEMM goes to BLAS through ctypes (in place, with
+#: ``beta``) rather than through numpy's matmul and an add: the ctypes call costs 6-10 us
+#: more than numpy's (measured: [8, 16] x [16, 1] 7.1 against 1.0 us, [576, 96] x [96, 49]
+#: 71 against 62 us), which only an add over a large output repays.
+_DIRECT_MACS = 1 << 21
 
 #: (channels per group, least share of its computed values kept) under which the direct
 #: kernel beats a GEMM (measured on one core: 1.5-5x up to 16 channels per group,
@@ -531,9 +533,32 @@ class Pointwise(GemmPlan):
         self.clamp = kernel.clamp
         if self.batch == "columns" and shape.dtype == np.float32:
             _warm_columns(self.m, pixels)
+        #: One image, one group, unit strides: :meth:`run` takes the short path.
+        self.single = (
+            n == 1 and self.group == 1 and not self.one_d and all(s == 1 for s in self.strides)
+        )
+        self.pixels = pixels
 
     def _extent(self, ho: int, wo: int) -> int:
         return ho * wo  # chunks of output pixels
+
+    def run(self, x, w, b, z) -> np.ndarray:
+        """:meth:`GemmPlan.run`, with a short path for one image: one GEMM from
+        ``bias + residual`` and the activation, without the general path's chunks
+        (a 1x1 Conv on a small map takes a few microseconds; the path around it
+        cost twice that)."""
+        if not self.single or (z is not None and z.shape != self.out_shape):
+            return super().run(x, w, b, z)
+        m, pixels = self.m, self.pixels
+        wp = self._prepared(w)[0]
+        out = np.empty(self.out_shape, self.dtype)
+        flat = out.reshape(m, pixels)
+        source = np.ascontiguousarray(x).reshape(self.cg, pixels)
+        bias = None if b is None else b.astype(self.dtype, copy=False).reshape(m, 1)
+        beta = _prefill(flat, bias, None if z is None else z.reshape(m, pixels))
+        _gemm(wp[None], source[None], flat[None], beta, self.active_team())
+        _activate(flat, flat, self.act, self.relu)
+        return out
 
     def prepare(self, w: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(w.reshape(self.group, self.mg, self.cg))
@@ -1245,7 +1270,8 @@ def _gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, team: int = 
             for j in range(1, groups):
                 gemm(a[j], b[j], c[j], beta, team)
             return
-    direct = GEMM is not None and (groups == 1 or a[0].size * b.shape[-1] >= _DIRECT_GROUP_MACS)
+    macs = a[0].size * b.shape[-1]
+    direct = GEMM is not None and macs >= _DIRECT_MACS
     if direct and GEMM(a[0], b[0], c[0], beta):
         for j in range(1, groups):
             GEMM(a[j], b[j], c[j], beta)
