@@ -85,22 +85,46 @@ def test_a_kernel_on_the_pool_holds_blas_at_one_thread():
         assert threads.claim(parallel) == 1 and parallel.blas_threads == 1
 
 
-def _in_child(queue) -> None:
+def _in_child(queue, session, feeds) -> None:
     a, b = np.ones((256, 256), np.float32), np.ones((256, 256), np.float32)
-    y = threads.matmul(a, b, threads.team(2))
-    queue.put((threads.team(2), None if y is None else float(y[0, 0])))
+    y = threads.matmul(a, b, 2)
+    (out,) = session.run(None, feeds)  # kernels made before the fork, for two threads
+    queue.put((threads.team(2), y is None, out))
 
 
 def test_a_forked_child_runs_serially():
-    """GNU OpenMP does not survive a fork: a child's kernels take their serial paths."""
-    threads.matmul(_random(64, 64, 64), _random(64, 64, 64), 2)  # the pool has started
+    """GNU OpenMP does not survive a fork: a child's kernels take their serial paths,
+    those of a session created before the fork too."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import nxrt
+
+    weights = numpy_helper.from_array(_random(64, 64, 1, 1), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"]),
+            helper.make_node("MatMul", ["c", "c"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 64, 64])],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = nxrt.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = nxrt.InferenceSession(model.SerializeToString(), options, providers=["cpu"])
+    feeds = {"x": _random(1, 64, 64, 64)}
+    (want,) = session.run(None, feeds)  # the pool has started
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
-    child = context.Process(target=_in_child, args=(queue,))
+    child = context.Process(target=_in_child, args=(queue, session, feeds))
     child.start()
+    team, declined, got = queue.get(timeout=120)  # before join: the child flushes it first
     child.join(60)
     assert child.exitcode == 0
-    assert queue.get(timeout=5) == (1, None)
+    assert team == 1 and declined
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["Relu", "Sigmoid", "Gelu", "HardSwish"])

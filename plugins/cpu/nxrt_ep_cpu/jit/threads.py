@@ -338,6 +338,7 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, threads: int)
     (m, k), (k2, n) = a.shape, b.shape
     if (
         threads < 2
+        or _state["forked"]
         or m * n * k < _SPLIT_MACS
         or c.dtype != _FLOAT32
         or a.dtype != _FLOAT32
@@ -370,7 +371,9 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int) -> np.ndarray | None:
     """``np.matmul(a, b)`` for float32 operands on ``threads`` of the pool: a 2-D ``b``
     as one GEMM on the rows of ``a``, same-shaped batches (or a 2-D ``a``) as one GEMM
     per matrix across the threads; ``None`` for anything else (the caller uses numpy)."""
-    if threads < 2 or a.dtype != _FLOAT32 or b.dtype != _FLOAT32 or a.ndim < 2 or b.ndim < 2:
+    if threads < 2 or _state["forked"] or a.dtype != _FLOAT32 or b.dtype != _FLOAT32:
+        return None
+    if a.ndim < 2 or b.ndim < 2:
         return None
     m, k = a.shape[-2:]
     k2, n = b.shape[-2:]

@@ -414,7 +414,11 @@ class GemmPlan:
     def active_team(self) -> int:
         """The threads of the EP's pool this run splits over: :attr:`team`, or 1 in a run
         the session makes on one thread (see ``HostParallel.active_threads``)."""
-        return self.team if self.team > 1 and self.parallel.active_threads > 1 else 1
+        if self.team < 2 or self.parallel.active_threads < 2:
+            return 1
+        from nxrt_ep_cpu.jit.threads import team
+
+        return team(self.team)  # 1 in a process forked since the kernel was made
 
     def _extent(self, ho: int, wo: int) -> int:
         """The length of a chunk's range for one whole image: output rows."""

@@ -426,8 +426,11 @@ def _claim(parallel: HostParallel | None) -> int:
 
 def _active(kernel: GemmKernel | MatMulKernel | FusedMatMulKernel) -> int:
     """The kernel's team in this run: 1 when the session runs it on one thread."""
-    team = kernel.team
-    return team if team > 1 and kernel.parallel.active_threads > 1 else 1
+    if kernel.team < 2 or kernel.parallel.active_threads < 2:
+        return 1
+    from nxrt_ep_cpu.jit.threads import team
+
+    return team(kernel.team)  # 1 in a process forked since the kernel was made
 
 
 def _float32(*arrays: np.ndarray | None) -> bool:
