@@ -134,20 +134,21 @@ def test_run_limits_settle_on_the_faster_blas_thread_count() -> None:
 
     chooser = _CapChooser(2, explore=4)
     seen = []
-    for run in range(14):
+    for run in range(16):
         count = chooser.choose()
         seen.append(count)
         first = run in (0, 3)  # a count's first run pays one-time costs: not kept
         chooser.record(count, 1.0 if first else 0.010 if count == 1 else 0.030)
-    assert seen[:6] == [2, 2, 2, 1, 1, 1]  # each count measured twice after its first run
-    assert seen[6:] == [1, 2, 1, 1, 1, 2, 1, 1]  # then the faster, retrying the other
+    # two threads until one is measured faster: its runs kept (the 8th, 12th) must number two
+    assert seen[:12] == [2, 2, 2, 1, 2, 2, 2, 1, 2, 2, 2, 1]
+    assert seen[12:] == [1, 1, 1, 2]  # then the faster, retrying the other
 
 
 @needs_blas
 def test_run_limits_yield_one_of_the_two_counts() -> None:
     with HostParallel(2) as pool:
         counts = set()
-        for _ in range(6):
+        for _ in range(32):  # every 16th run tries the other count
             with pool.run_limits() as limit:
                 counts.add(limit)
                 assert max(blas_threads()) <= limit

@@ -119,9 +119,11 @@ def one_blas_thread() -> contextlib.AbstractContextManager[None]:
 class _CapChooser:
     """Picks, per run, the BLAS thread count (``threads`` or 1) that has been faster.
 
-    Keeps the last few run times of each count; each count is tried twice
-    first, then the faster one is used, and every ``explore``-th run tries the
-    other again so that a change in the machine's load is noticed. Counts are
+    Keeps the last few run times of each count. Runs use ``threads`` until the
+    other count is known to be faster; every ``explore``-th run tries the
+    other, so that a change in the machine's load is noticed (trying both
+    first cost a slow program's first runs: three of ResNet-50's first six ran
+    on one thread). Counts are
     compared by their fastest kept run: a run slowed by something passing (another
     runtime's threads still spinning) does not tip the choice, where a core held by
     another process slows every run of the larger count. A count's
@@ -137,7 +139,7 @@ class _CapChooser:
         }
         self.explore = explore
         self.runs = 0
-        self.best: int | None = None  # the faster count, once each has two times
+        self.best = self.counts[0]  # the faster count: ``threads`` until measured otherwise
         self._started: set[int] = set()  # counts whose first run has been dropped
         self._lock = threading.Lock()
 
@@ -145,8 +147,6 @@ class _CapChooser:
         with self._lock:
             self.runs += 1
             best = self.best
-            if best is None:
-                return next(c for c in self.counts if len(self.times[c]) < 2)
             if self.runs % self.explore == 0:
                 return self.counts[1] if best == self.counts[0] else self.counts[0]
             return best
