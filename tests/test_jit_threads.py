@@ -142,9 +142,14 @@ def test_activations_split_over_the_pool_match_the_serial_loops(name):
         activation.epilogue(split_rows, bias, parallel)
         plain = x.copy()
         add_bias(plain, bias, parallel)
+        in_place = x.copy()
+        assert activation(in_place, parallel)
     np.testing.assert_array_equal(split_map, serial_map)
     np.testing.assert_array_equal(split_rows, serial_rows)
     np.testing.assert_array_equal(plain, x + bias)
+    serial_in_place = x.copy()
+    assert activation(serial_in_place)
+    np.testing.assert_array_equal(in_place, serial_in_place)
 
 
 def test_normalizations_split_over_the_pool_match_the_serial_loops():

@@ -204,7 +204,7 @@ def _apply_overload(v, kind, a, b):  # pragma: no cover - numba typing
 
 
 @functools.cache
-def _loops(kind: int) -> tuple[Any, Any, Any, Any, Any]:
+def _loops(kind: int) -> tuple[Any, Any, Any, Any, Any, Any]:
     """The compiled loops of one activation (:data:`NONE`: a bias add alone): the three
     entry points' serial loops, then :meth:`Activation.map`'s and the epilogue's split
     over the EP's pool (``jit/threads.py``).
@@ -264,7 +264,16 @@ def _loops(kind: int) -> tuple[Any, Any, Any, Any, Any]:
                 for i in range(n):
                     row[i] = _apply(row[i], kind, a, b)
 
-    return map_values, rows_in_place, bias_rows, map_parts, bias_rows_parts
+    @njit(fastmath=_FMA, parallel=True)
+    def values_in_place_parts(flat, a, b, bounds):  # pragma: no cover - compiled by numba
+        """``f`` in place on the pieces ``bounds[p]..bounds[p + 1]`` of a 1-D ``flat``, over
+        the pool (one array read and written, as :func:`rows_in_place`, so it vectorizes)."""
+        for p in numba.prange(bounds.size - 1):
+            piece = flat[bounds[p] : bounds[p + 1]]
+            for i in range(piece.size):
+                piece[i] = _apply(piece[i], kind, a, b)
+
+    return map_values, rows_in_place, bias_rows, map_parts, bias_rows_parts, values_in_place_parts
 
 
 # -- the wrappers -------------------------------------------------------------------------------
@@ -331,9 +340,9 @@ class Activation:
         values += [0.0, 0.0]
         self.a, self.b = np.float32(values[0]), np.float32(values[1])
         self.cost_ns = _COST_NS[self.kind]
-        self._map, self._rows, self._bias_rows, self._map_parts, self._bias_parts = _loops(
-            self.kind
-        )
+        loops = _loops(self.kind)
+        self._map, self._rows, self._bias_rows = loops[:3]
+        self._map_parts, self._bias_parts, self._in_place_parts = loops[3:]
 
     def map(
         self,
@@ -368,9 +377,10 @@ class Activation:
         parallel.map(work, _ranges(n, parts, _ALIGN))
         return y
 
-    def __call__(self, y: np.ndarray) -> bool:
+    def __call__(self, y: np.ndarray, parallel: HostParallel | None = None) -> bool:
         """``y = f(y)`` in place for a float32 ``y`` whose values lie in rows of contiguous
-        values; returns False, having done nothing, for any other array."""
+        values (contiguous ones split over the EP's pool when large); returns False, having
+        done nothing, for any other array."""
         if y.dtype != _FLOAT32 or not y.flags.writeable:
             return False
         if not y.size:
@@ -378,6 +388,11 @@ class Activation:
         rows = _rows_of(y)
         if rows is None:
             return False
+        team = split_team(parallel, y.size * self.cost_ns) if rows[1] == 1 else 1
+        if team > 1:
+            size_team(team)
+            self._in_place_parts(rows[0], self.a, self.b, pieces(y.size, team, _ALIGN))
+            return True
         self._rows(*rows, self.a, self.b)
         return True
 

@@ -159,7 +159,7 @@ class ConvKernel(NumpyKernel):
         shapes: tuple[tuple[int, ...], tuple[int, ...], np.dtype] | None = None,
     ) -> None:
         self.attrs = attrs
-        self.act = inplace_activation(activation, activation_params)
+        self.act = inplace_activation(activation, activation_params, parallel)
         name = activation.decode() if isinstance(activation, bytes) else activation
         self.relu = name == "Relu"
         self.clamp = _clamp(name, activation_params)

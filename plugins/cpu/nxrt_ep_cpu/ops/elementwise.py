@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nxrt.errors import KernelFailed
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops.math import activation_kernel, erf_float
+
+if TYPE_CHECKING:
+    from nxrt.host_parallel import HostParallel
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -299,7 +302,7 @@ NUMPY_FASTER = frozenset({"Tanh"})
 
 
 def inplace_activation(
-    name: str | bytes, params: Sequence[float] = ()
+    name: str | bytes, params: Sequence[float] = (), parallel: HostParallel | None = None
 ) -> Callable[[np.ndarray], Any] | None:
     """The in-place form of an activation a fused op applies (``pkg.nxrt`` FusedConv and
     FusedMatMul; ONNX Runtime's FusedConv names and ``activation_params``, plus Gelu,
@@ -307,7 +310,8 @@ def inplace_activation(
 
     float32 values in rows of contiguous values take the compiled loop of
     :mod:`nxrt_ep_cpu.jit.elementwise` (compiled here, when the kernel is made);
-    other dtypes and layouts, and :data:`NUMPY_FASTER`, the numpy form.
+    other dtypes and layouts, and :data:`NUMPY_FASTER`, the numpy form. Given the
+    session's pool, large contiguous calls split over the EP's pool.
     """
     if isinstance(name, bytes):
         name = name.decode()
@@ -322,7 +326,7 @@ def inplace_activation(
     compiled(np.zeros(16, np.float32))  # compiles, or loads from the disk cache
 
     def activate(y: np.ndarray) -> None:
-        if not compiled(y):
+        if not compiled(y, parallel):
             reference(y)
 
     return activate
