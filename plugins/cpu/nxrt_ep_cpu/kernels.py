@@ -12,10 +12,13 @@ can import it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nxrt.errors import KernelFailed, NxrtError
 from nxrt.kernel import FunctionKernel, Kernel
+
+if TYPE_CHECKING:
+    from nxrt.host_parallel import HostParallel
 
 
 def translate_error(exc: BaseException) -> BaseException:
@@ -56,3 +59,24 @@ class CpuKernel(NumpyKernel, FunctionKernel):
     ``direct_call`` is :class:`~nxrt.kernel.FunctionKernel`'s: the bound
     function itself, called without ``compute``'s list and tuple.
     """
+
+
+def pool_team(parallel: HostParallel | None) -> int:
+    """The threads of the EP's own pool (``jit/threads.py``) a kernel made for a session's
+    ``parallel`` splits over; above 1 the session's BLAS is held at one thread. numba is
+    imported only for a session of several threads."""
+    if parallel is None or parallel.threads < 2:
+        return 1
+    from nxrt_ep_cpu.jit.threads import claim
+
+    return claim(parallel)
+
+
+def run_team(team: int, parallel: HostParallel | None) -> int:
+    """A kernel's :func:`pool_team` in this run: 1 in a run the session makes on one thread
+    (``HostParallel.active_threads``) and in a process forked since the kernel was made."""
+    if team < 2 or parallel is None or parallel.active_threads < 2:
+        return 1
+    from nxrt_ep_cpu.jit.threads import team as live_team
+
+    return live_team(team)

@@ -289,8 +289,8 @@ def _parts(values: int, cost_ns: float, parallel: HostParallel | None) -> int:
 
 def _ranges(n: int, parts: int, align: int) -> list[tuple[int, int]]:
     """``range(n)`` as ``parts`` contiguous pieces whose starts are multiples of ``align``."""
-    step = -(-n // (parts * align)) * align
-    return [(start, min(n, start + step)) for start in range(0, n, step)]
+    edges = pieces(n, parts, align).tolist()
+    return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 def _rows_of(y: np.ndarray) -> tuple[np.ndarray, int, int, int] | None:

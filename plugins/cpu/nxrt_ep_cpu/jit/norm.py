@@ -389,6 +389,10 @@ def softmax(x: np.ndarray, axis: int, log: bool, parallel: HostParallel | None) 
 
 # -- the row loops over the EP's pool (``jit/threads.py``) -------------------------------------
 
+# Each written out rather than made by one factory: numba's disk cache keys a closure by its
+# constants only, and a compiled function a closure calls is not one of them, so every
+# loop a factory made would load the first one cached (see ``elementwise._loops``).
+
 
 @njit(parallel=True)
 def _layer_norm_team(

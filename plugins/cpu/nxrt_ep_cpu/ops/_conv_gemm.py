@@ -62,7 +62,7 @@ import numpy as np
 from nxrt.errors import KernelFailed, NxrtError
 from nxrt.kernel import attribute_values
 from nxrt.memory import Workspace
-from nxrt_ep_cpu.kernels import NumpyKernel
+from nxrt_ep_cpu.kernels import NumpyKernel, pool_team, run_team
 from nxrt_ep_cpu.ops._blas import GEMM
 from nxrt_ep_cpu.ops._conv_reference import conv_windows, convolve
 from nxrt_ep_cpu.ops._spatial import Windows
@@ -166,11 +166,7 @@ class ConvKernel(NumpyKernel):
         self.parallel = parallel
         self.workspace = workspace if workspace is not None else Workspace()
         #: Threads of the EP's own pool the GEMMs and loops split over (1: BLAS's threads).
-        self.team = 1
-        if parallel is not None and parallel.threads > 1:
-            from nxrt_ep_cpu.jit.threads import claim
-
-            self.team = claim(parallel)
+        self.team = pool_team(parallel)
         self._plans: dict[tuple[Any, ...], Reference | GemmPlan] = {}
         if shapes is not None:
             try:
@@ -414,11 +410,7 @@ class GemmPlan:
     def active_team(self) -> int:
         """The threads of the EP's pool this run splits over: :attr:`team`, or 1 in a run
         the session makes on one thread (see ``HostParallel.active_threads``)."""
-        if self.team < 2 or self.parallel.active_threads < 2:
-            return 1
-        from nxrt_ep_cpu.jit.threads import team
-
-        return team(self.team)  # 1 in a process forked since the kernel was made
+        return run_team(self.team, self.parallel)
 
     def _extent(self, ho: int, wo: int) -> int:
         """The length of a chunk's range for one whole image: output rows."""

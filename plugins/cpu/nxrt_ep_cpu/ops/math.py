@@ -22,7 +22,7 @@ import numpy as np
 
 from nxrt.errors import KernelFailed
 from nxrt.kernel import attribute_values
-from nxrt_ep_cpu.kernels import CpuKernel
+from nxrt_ep_cpu.kernels import CpuKernel, pool_team
 from nxrt_ep_cpu.ops._registry import op
 
 if TYPE_CHECKING:
@@ -52,10 +52,7 @@ class ActivationKernel(CpuKernel):
         super().__init__(fn, attrs, variant="numba")
         self.compiled = compiled
         self.parallel = parallel
-        if parallel is not None and parallel.threads > 1:
-            from nxrt_ep_cpu.jit.threads import claim
-
-            claim(parallel)  # large calls split over the EP's pool
+        pool_team(parallel)  # large calls split over the EP's pool
 
     @property
     def direct_call(self) -> Callable[..., np.ndarray]:

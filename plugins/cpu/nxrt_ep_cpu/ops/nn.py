@@ -13,7 +13,7 @@ from nxrt.contrib_ops import DOMAIN, FUSED_SINCE
 from nxrt.errors import KernelFailed
 from nxrt.host_parallel import one_blas_thread
 from nxrt.kernel import attribute_values
-from nxrt_ep_cpu.kernels import CpuKernel
+from nxrt_ep_cpu.kernels import CpuKernel, pool_team, run_team
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops.elementwise import NUMPY_FASTER, inplace_activation
 from nxrt_ep_cpu.ops.normalization import pooled
@@ -289,7 +289,7 @@ class GemmKernel(CpuKernel):
         self.beta = float(attrs.get("beta", 1.0))
         self.trans_a, self.trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
         self.parallel = parallel
-        self.team = _claim(parallel)
+        self.team = pool_team(parallel)
         from nxrt_ep_cpu.jit import elementwise as compiled_ops
 
         self._add_bias = compiled_ops.add_bias
@@ -309,7 +309,11 @@ class GemmKernel(CpuKernel):
     def run(self, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
         if not _float32(a, b, c) or a.ndim != 2 or b.ndim != 2:
             return self._call(a, b, c)
-        y = _product(a.T if self.trans_a else a, b.T if self.trans_b else b, _active(self))
+        y = _product(
+            a.T if self.trans_a else a,
+            b.T if self.trans_b else b,
+            run_team(self.team, self.parallel),
+        )
         if self.alpha != 1.0:
             np.multiply(y, np.float32(self.alpha), out=y)
         if c is None or self.beta == 0.0:
@@ -332,7 +336,7 @@ class MatMulKernel(CpuKernel):
     ) -> None:
         super().__init__(fn, attrs, variant="blas")
         self.parallel = parallel
-        self.team = _claim(parallel)
+        self.team = pool_team(parallel)
 
     @classmethod
     def create(
@@ -346,11 +350,11 @@ class MatMulKernel(CpuKernel):
 
     def run(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if a.dtype in _BLAS_DTYPES and b.dtype == a.dtype and b.ndim == 2 and a.ndim >= 1:
-            return _rows_product(a, b, _active(self))
-        if _active(self) > 1:
+            return _rows_product(a, b, run_team(self.team, self.parallel))
+        if run_team(self.team, self.parallel) > 1:
             from nxrt_ep_cpu.jit.threads import matmul
 
-            y = matmul(a, b, _active(self))
+            y = matmul(a, b, run_team(self.team, self.parallel))
             if y is not None:
                 return y
         return self._call(a, b)
@@ -370,7 +374,7 @@ class FusedMatMulKernel(CpuKernel):
         name = attrs.get("activation", "")
         name = name.decode() if isinstance(name, bytes) else name
         self.parallel = parallel
-        self.team = _claim(parallel)
+        self.team = pool_team(parallel)
         params = attrs.get("activation_params") or ()
         #: An activation the compiled loops lack runs (and fails) in the reference.
         self.known = not name or name in compiled_ops.CODES
@@ -401,7 +405,7 @@ class FusedMatMulKernel(CpuKernel):
             return self._call(a, b, bias)
         if not self.known:
             return self._call(a, b, bias)
-        y = _rows_product(a, b, _active(self))
+        y = _rows_product(a, b, run_team(self.team, self.parallel))
         rows = y.reshape(math.prod(y.shape[:-1]), n)
         if bias is not None:
             bias = np.ascontiguousarray(bias).reshape(n)
@@ -413,24 +417,6 @@ class FusedMatMulKernel(CpuKernel):
         if self.activate is not None:
             self.activate(rows)
         return y
-
-
-def _claim(parallel: HostParallel | None) -> int:
-    """The threads of the EP's pool a GEMM kernel splits over (``jit/threads.py``)."""
-    if parallel is None or parallel.threads < 2:
-        return 1
-    from nxrt_ep_cpu.jit.threads import claim
-
-    return claim(parallel)
-
-
-def _active(kernel: GemmKernel | MatMulKernel | FusedMatMulKernel) -> int:
-    """The kernel's team in this run: 1 when the session runs it on one thread."""
-    if kernel.team < 2 or kernel.parallel.active_threads < 2:
-        return 1
-    from nxrt_ep_cpu.jit.threads import team
-
-    return team(kernel.team)  # 1 in a process forked since the kernel was made
 
 
 def _float32(*arrays: np.ndarray | None) -> bool:
