@@ -426,7 +426,8 @@ def test_conv_weights_as_inputs():
 
 #: One shape per Conv variant the cpu EP picks (see nxrt_ep_cpu/ops/_conv_gemm.py).
 CONV_VARIANTS = {
-    "pointwise": dict(x=(2, 8, 6, 7), w=(5, 8, 1, 1), strides=[2, 1]),
+    "pointwise": dict(x=(2, 8, 6, 5), w=(5, 8, 1, 1), strides=[2, 1]),
+    "pointwise-tiled": dict(x=(2, 8, 6, 7), w=(5, 8, 1, 1), strides=[2, 1]),
     "taps": dict(x=(1, 48, 10, 24), w=(16, 48, 3, 3), pads=[1, 1, 1, 1]),
     "grouped taps": dict(x=(1, 96, 10, 24), w=(8, 48, 3, 3), group=2, pads=[1, 1, 1, 1]),
     "strided taps": dict(x=(1, 48, 20, 40), w=(4, 48, 5, 5), strides=[2, 2], pads=[2] * 4),

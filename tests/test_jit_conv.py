@@ -288,9 +288,11 @@ BATCHED = {
         dict(auto_pad="SAME_UPPER", strides=[2, 2]),
         "im2col",
     ),
-    "1x1-columns": ((16, 96, 7, 7), (40, 96, 1, 1), {}, "pointwise"),
-    "1x1-columns-strided": ((3, 64, 9, 10), (24, 64, 1, 1), dict(strides=[2, 2]), "pointwise"),
-    "1x1-matmul": ((450, 16, 8, 8), (32, 16, 1, 1), {}, "pointwise"),
+    "1x1-tiled": ((16, 96, 7, 7), (40, 96, 1, 1), {}, "pointwise-tiled"),
+    "1x1-tiled-strided": ((3, 64, 9, 10), (24, 64, 1, 1), dict(strides=[2, 2]), "pointwise-tiled"),
+    "1x1-columns": ((16, 96, 3, 3), (40, 96, 1, 1), {}, "pointwise"),
+    "1x1-columns-strided": ((3, 64, 5, 6), (24, 64, 1, 1), dict(strides=[2, 2]), "pointwise"),
+    "1x1-matmul": ((450, 16, 2, 3), (32, 16, 1, 1), {}, "pointwise"),
     "1x1-grouped": ((5, 8, 6, 6), (6, 4, 1, 1), dict(group=2), "pointwise"),
 }
 

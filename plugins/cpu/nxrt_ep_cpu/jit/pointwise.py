@@ -1,0 +1,213 @@
+"""float32 1x1 convolution as a register-tiled product with weights packed once.
+
+A pointwise convolution is ``out[m, p] = sum_c w[m, c] * x[c, p]`` per image:
+a GEMM, but one whose columns (the pixels of a 7x7 to 56x56 map) are few.
+Through BLAS each call packs both operands again, and the bias, the
+residual and the activation are further passes over the output. Here the
+weights are packed once per session (:func:`pack`: blocks of eight filters,
+channel-major, so each step reads eight consecutive values) and each tile of
+eight filters by 32 pixels is sixteen AVX-512 accumulators: per input channel
+two vector loads of ``x`` and sixteen multiply-adds, each against one weight
+broadcast from memory. A tile starts at its bias and is written out once, its
+residual added and a Relu/Clip applied on the way (NaN stays NaN).
+
+The work is items of (image, pixel chunk, filter block), so a chunk of input
+stays in cache while every filter block reads it; a chunk's last tile is
+shifted back to end at the chunk's end, recomputing a few pixels rather than
+running a scalar tail, so a chunk must hold at least 16 pixels.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from nxrt_ep_cpu.jit import inline, njit
+from nxrt_ep_cpu.jit.conv import _FLOAT, _VECTOR, _copy16, _vector_at
+
+#: Filters per block: the rows of one register tile.
+ROWS = 8
+#: Pixels one tile covers: two vectors of 16 float32.
+WIDTH = 32
+_ZERO = ir.Constant(ir.IntType(32), 0)
+_LANES = ir.VectorType(ir.IntType(32), 16)
+
+
+def _splat(builder, value):
+    """``value`` in all 16 lanes of a vector."""
+    lane = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), value, _ZERO)
+    return builder.shuffle_vector(lane, lane, ir.Constant(_LANES, [0] * 16))
+
+
+@intrinsic
+def _fmab16(typingctx, acc, at, x, xi, w, wi):  # pragma: no cover - numba typing
+    """``acc[at:at+16] += x[xi:xi+16] * w[wi]``: one vector multiply-add against a weight
+    broadcast to every lane (``wi`` a literal offset added to ``w``'s start)."""
+    signature = types.void(acc, at, x, xi, w, wi)
+
+    def codegen(context, builder, sig, args):
+        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
+        px = _vector_at(context, builder, sig.args[2], args[2], args[3])
+        data = context.make_array(sig.args[4])(context, builder, args[4]).data
+        weight = builder.load(builder.gep(data, [args[5]]), align=4)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32"
+        )
+        splat = _splat(builder, weight)
+        value = builder.call(fma, [builder.load(px, align=4), splat, builder.load(pa, align=4)])
+        builder.store(value, pa, align=4)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
+def _splat16(typingctx, acc, at, s):  # pragma: no cover - numba typing
+    """``acc[at:at+16] = s`` in every lane."""
+    signature = types.void(acc, at, s)
+
+    def codegen(context, builder, sig, args):
+        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
+        value = context.cast(builder, args[2], sig.args[2], types.float32)
+        builder.store(_splat(builder, value), pa, align=4)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
+def _add16(typingctx, acc, at, z, zi):  # pragma: no cover - numba typing
+    """``acc[at:at+16] += z[zi:zi+16]``."""
+    signature = types.void(acc, at, z, zi)
+
+    def codegen(context, builder, sig, args):
+        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
+        pz = _vector_at(context, builder, sig.args[2], args[2], args[3])
+        total = builder.fadd(builder.load(pa, align=4), builder.load(pz, align=4))
+        builder.store(total, pa, align=4)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
+def _clamp16(typingctx, acc, at, lo, hi):  # pragma: no cover - numba typing
+    """``acc[at:at+16]`` clamped to ``[lo, hi]`` as ``np.clip`` does it: NaN stays NaN."""
+    signature = types.void(acc, at, lo, hi)
+
+    def codegen(context, builder, sig, args):
+        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
+        v = builder.load(pa, align=4)
+        bound = [context.cast(builder, args[i], sig.args[i], types.float32) for i in (2, 3)]
+        low, high = _splat(builder, bound[0]), _splat(builder, bound[1])
+        v = builder.select(builder.fcmp_ordered("<", v, low), low, v)
+        v = builder.select(builder.fcmp_ordered(">", v, high), high, v)
+        builder.store(v, pa, align=4)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
+def _stack256(typingctx):  # pragma: no cover - numba typing
+    """256 float32 on the stack: accumulators no array aliases, so they stay in registers."""
+
+    def codegen(context, builder, sig, args):
+        slot = cgutils.alloca_once(builder, ir.ArrayType(_FLOAT, 256))
+        return builder.bitcast(slot, _FLOAT.as_pointer())
+
+    return types.CPointer(types.float32)(), codegen
+
+
+def pack(w: np.ndarray) -> np.ndarray:
+    """``w`` (filters, channels) as blocks of :data:`ROWS` filters, channel-major: block
+    ``t``'s weights of channel ``c`` at ``[t, c * ROWS : (c + 1) * ROWS]`` (zero filters
+    pad the last block)."""
+    m, k = w.shape
+    blocks = -(-m // ROWS)
+    padded = np.zeros((blocks * ROWS, k), np.float32)
+    padded[:m] = w
+    return np.ascontiguousarray(padded.reshape(blocks, ROWS, k).transpose(0, 2, 1)).reshape(
+        blocks, k * ROWS
+    )
+
+
+@inline
+def _tile(acc, xs, w, bias, row0, k, pixels, at, width):  # pragma: no cover - numba
+    """Accumulate one tile: filters ``row0..row0+8`` at pixels ``at..at+width`` (16 or 32)
+    of an image whose input starts at ``xs[0]``; ``acc`` starts at the bias."""
+    for r in range(ROWS):
+        _splat16(acc, r * WIDTH, bias[row0 + r])
+        _splat16(acc, r * WIDTH + 16, bias[row0 + r])
+    step = np.uint64(ROWS)
+    if width == WIDTH:
+        for c in range(np.uint64(k)):
+            xi = c * np.uint64(pixels) + np.uint64(at)
+            wi = c * step
+            for r in range(ROWS):  # unrolled by LLVM: the offsets are constants
+                _fmab16(acc, r * WIDTH, xs, xi, w, wi + np.uint64(r))
+                _fmab16(acc, r * WIDTH + 16, xs, xi + np.uint64(16), w, wi + np.uint64(r))
+    else:
+        for c in range(np.uint64(k)):
+            xi = c * np.uint64(pixels) + np.uint64(at)
+            wi = c * step
+            for r in range(ROWS):
+                _fmab16(acc, r * WIDTH, xs, xi, w, wi + np.uint64(r))
+
+
+@inline
+def _emit(acc, ys, zs, has_z, base, rows, pixels, at, width, lo, hi, clamp):  # pragma: no cover
+    """Write a tile's ``rows`` filters from ``acc`` to ``ys[base + r * pixels + at ...]``,
+    the residual added and the clamp applied, a vector at a time."""
+    for r in range(np.uint64(rows)):
+        for half in range(np.uint64(width // 16)):
+            o = np.uint64(base) + r * np.uint64(pixels) + np.uint64(at) + half * np.uint64(16)
+            a = r * np.uint64(WIDTH) + half * np.uint64(16)
+            if has_z:
+                _add16(acc, a, zs, o)
+            if clamp:
+                _clamp16(acc, a, lo, hi)
+            _copy16(ys, o, acc, a)
+
+
+@njit
+def pointwise(x, w, bias, z, out, items, lo, hi, clamp, first, stop):  # pragma: no cover
+    """Items ``first..stop`` of a 1x1 convolution.
+
+    ``x``: (images, channels, pixels); ``out`` and ``z``: (images, filters, pixels), ``z``
+    of size 0 for no residual; ``w``: :func:`pack`'s blocks; ``bias``: one per filter,
+    padded with zeros to whole blocks; ``items``: rows of (image, first pixel, stop pixel,
+    filter block), each pixel range at least 16 long.
+    """
+    k, pixels = x.shape[1], x.shape[2]
+    m = out.shape[1]
+    has_z = z.size > 0
+    zs = z.reshape(-1)
+    ys = out.reshape(-1)
+    acc = numba.carray(_stack256(), (256,))
+    for item in range(first, stop):
+        image, p0, p1, block = items[item, 0], items[item, 1], items[item, 2], items[item, 3]
+        xs = x[image].reshape(-1)
+        wb = w[block]
+        row0 = block * ROWS
+        rows = min(ROWS, m - row0)
+        base = (image * m + row0) * pixels
+        p = p0
+        while p < p1:
+            width = WIDTH if p1 - p > 16 and p1 - p0 >= WIDTH else 16
+            at = min(p, p1 - width)
+            _tile(acc, xs, wb, bias, row0, k, pixels, at, width)
+            _emit(acc, ys, zs, has_z, base, rows, pixels, at, width, lo, hi, clamp)
+            p = at + width
+
+
+@njit(parallel=True)
+def pointwise_team(x, w, bias, z, out, items, lo, hi, clamp, bounds):  # pragma: no cover
+    """:func:`pointwise` on items ``bounds[p]..bounds[p + 1]`` for each part ``p``, the parts
+    spread over the threads of numba's pool (``jit/threads.py``)."""
+    for p in numba.prange(bounds.size - 1):
+        pointwise(x, w, bias, z, out, items, lo, hi, clamp, bounds[p], bounds[p + 1])

@@ -1,0 +1,185 @@
+"""The cpu EP's register-tiled 1x1 convolution (``jit/pointwise.py``): against the numpy
+reference in float64 on edge shapes, bit for bit across thread counts, and against ONNX
+Runtime in a session."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("numba")
+
+import nxrt  # noqa: E402
+from nxrt.host_parallel import HostParallel  # noqa: E402
+from nxrt_ep_cpu.jit.pointwise import ROWS, pack  # noqa: E402
+from nxrt_ep_cpu.ops._conv_gemm import ConvKernel  # noqa: E402
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, size=shape).astype(np.float32)
+
+
+def reference(x, w, b=None, z=None, strides=(1, 1)):
+    """``w @ x + b + z`` per image in float64 (a 1x1 convolution, strided pixels taken)."""
+    if x.ndim == 3:
+        x = x[:, :, None, :]
+        z = None if z is None or z.ndim != 3 else z[:, :, None, :]
+    x = x[:, :, :: strides[0], :: strides[1]].astype(np.float64)
+    y = np.einsum("mc,nchw->nmhw", w.reshape(w.shape[0], -1).astype(np.float64), x)
+    if b is not None:
+        y = y + b.astype(np.float64).reshape(1, -1, 1, 1)
+    if z is not None:
+        y = y + z.astype(np.float64)
+    return y
+
+
+def run(x, w, b=None, z=None, *, threads=1, activation="", params=(), attrs=None):
+    with HostParallel(threads) as parallel:
+        kernel = ConvKernel(
+            dict(attrs or {}), parallel=parallel, activation=activation, activation_params=params
+        )
+        y = kernel.run(x, w, b, z)
+    return y, kernel.variant
+
+
+#: (x shape, filters): pixel counts around the 16- and 32-wide tiles and the chunk
+#: boundaries, filter counts around the blocks of eight, one channel, many channels.
+SHAPES = {
+    "16px": ((1, 5, 4, 4), 8),
+    "17px": ((1, 5, 1, 17), 9),
+    "31px": ((2, 3, 1, 31), 7),
+    "32px": ((1, 24, 4, 8), 1),
+    "33px": ((1, 24, 3, 11), 13),
+    "49px": ((1, 96, 7, 7), 40),
+    "one-channel": ((1, 1, 6, 6), 16),
+    "many-channels": ((1, 600, 7, 7), 24),
+    "chunk-tail": ((1, 16, 1, 512 + 512 + 5), 12),  # 8192 / 16 = 512 pixels per chunk
+    "chunk-even": ((1, 16, 32, 32), 20),
+    "chunk-least": ((1, 96, 1, 256 + 256 + 20), 8),  # 8192 / 96 < 256: chunks of 256
+    "batch": ((3, 40, 14, 14), 33),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHAPES))
+def test_tiled_pointwise_matches_the_reference(case):
+    xs, m = SHAPES[case]
+    x, w, b = rand(*xs, seed=1), rand(m, xs[1], 1, 1, seed=2), rand(m, seed=3)
+    z = rand(xs[0], m, *xs[2:], seed=4)
+    y, variant = run(x, w, b)
+    assert variant == "pointwise-tiled"
+    np.testing.assert_allclose(y, reference(x, w, b), rtol=1e-5, atol=1e-5)
+    y, _ = run(x, w, None, z, activation="Relu")
+    np.testing.assert_allclose(y, np.maximum(reference(x, w, None, z), 0), rtol=1e-5, atol=1e-5)
+    y, _ = run(x, w, b, z, activation="Clip", params=(-0.5, 0.25))
+    np.testing.assert_allclose(y, np.clip(reference(x, w, b, z), -0.5, 0.25), rtol=1e-5, atol=1e-5)
+    y, _ = run(x, w, b, activation="Sigmoid")  # applied after the kernel
+    want = 1 / (1 + np.exp(-reference(x, w, b)))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["49px", "chunk-tail", "batch", "many-channels"])
+def test_tiled_pointwise_gives_the_same_bits_on_two_threads(case):
+    xs, m = SHAPES[case]
+    x, w, b = rand(*xs, seed=1), rand(m, xs[1], 1, 1, seed=2), rand(m, seed=3)
+    z = rand(xs[0], m, *xs[2:], seed=4)
+    one, _ = run(x, w, b, z, activation="Clip", params=(0.0, 6.0))
+    two, _ = run(x, w, b, z, activation="Clip", params=(0.0, 6.0), threads=2)
+    np.testing.assert_array_equal(one, two)
+
+
+def test_tiled_pointwise_strided_one_d_and_broadcast_residual():
+    x, w, b = rand(2, 12, 9, 10, seed=1), rand(10, 12, 1, 1, seed=2), rand(10, seed=3)
+    y, variant = run(x, w, b, attrs=dict(strides=[2, 2]))
+    assert variant == "pointwise-tiled"
+    np.testing.assert_allclose(y, reference(x, w, b, strides=(2, 2)), rtol=1e-5, atol=1e-5)
+    line, w1 = rand(2, 12, 40, seed=4), rand(10, 12, 1, seed=5)
+    z = rand(2, 10, 40, seed=6)
+    y, _ = run(line, w1, b, z, activation="Relu")
+    want = np.maximum(reference(line, w1, b, z), 0)[:, :, 0, :]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    gates = rand(1, 10, 1, 1, seed=7)  # broadcast: added once the product is done
+    y, _ = run(x[:, :, :4, :4], w, b, gates, activation="Relu")
+    want = np.maximum(reference(x[:, :, :4, :4], w, b) + gates, 0)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_tiled_pointwise_keeps_nan_and_inf_through_the_clamp():
+    x, w = rand(1, 4, 4, 8, seed=1), rand(9, 4, 1, 1, seed=2)
+    x[0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
+    with np.errstate(invalid="ignore"):
+        want = reference(x, w)
+    y, _ = run(x, w, activation="Clip", params=(0.0, 6.0))
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+        np.testing.assert_allclose(y, np.clip(want, 0, 6), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_that_change_between_runs_are_packed_again():
+    x = rand(1, 8, 6, 6, seed=1)
+    with HostParallel(1) as parallel:
+        kernel = ConvKernel({}, parallel=parallel)
+        for seed in (2, 3):
+            w = rand(5, 8, 1, 1, seed=seed)  # writeable: not a constant
+            np.testing.assert_allclose(kernel.run(x, w), reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_pack_lays_eight_filters_channel_major():
+    w = np.arange(11 * 3, dtype=np.float32).reshape(11, 3)
+    packed = pack(w)
+    assert packed.shape == (2, 3 * ROWS)
+    for m in range(11):
+        for c in range(3):
+            assert packed[m // ROWS, c * ROWS + m % ROWS] == w[m, c]
+    assert not packed[1].reshape(3, ROWS)[:, 3:].any()  # the padding filters are zero
+
+
+def test_small_maps_and_float64_keep_the_gemm_paths():
+    _, variant = run(rand(4, 8, 3, 3), rand(5, 8, 1, 1))
+    assert variant == "pointwise"
+    x, w = rand(1, 8, 6, 6).astype(np.float64), rand(5, 8, 1, 1).astype(np.float64)
+    y, variant = run(x, w)
+    assert variant == "pointwise" and y.dtype == np.float64
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Clip", "HardSwish"])
+@pytest.mark.parametrize("shape", [(1, 96, 7, 7), (2, 24, 28, 28), (1, 16, 20, 30)])
+def test_tiled_pointwise_in_a_session_matches_onnxruntime(shape, activation):
+    """Conv -> Add (residual) -> activation: the optimizer fuses them into a FusedConv."""
+    m = 40
+    w, b = rand(m, shape[1], 1, 1, seed=1), rand(m, seed=2)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    act_inputs = ["s"]
+    if activation == "Clip":
+        inits += [numpy_helper.from_array(np.float32(v), n) for v, n in ((0, "lo"), (6, "hi"))]
+        act_inputs += ["lo", "hi"]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+        helper.make_node("Add", ["c", "r"], ["s"]),
+        helper.make_node(activation, act_inputs, ["y"]),
+    ]
+    out = [shape[0], m, *shape[2:]]
+    graph = helper.make_graph(
+        nodes,
+        "pointwise",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape)),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, out),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": rand(*shape, seed=3), "r": rand(*out, seed=4)}
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = expected.run(None, feeds)[0]
+    inferred = onnx.shape_inference.infer_shapes(model).SerializeToString()
+    options = nxrt.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = nxrt.InferenceSession(inferred, options, providers=["cpu"])
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    variants = [getattr(step.kernel, "variant", "") for step in session._plan.steps]
+    assert "pointwise-tiled" in variants
