@@ -45,6 +45,13 @@ def run(x, w, b=None, z=None, *, threads=1, activation="", params=(), attrs=None
     return y, kernel.variant
 
 
+def plan_of(x, w):
+    kernel = ConvKernel({})
+    kernel.run(x, w)
+    (plan,) = kernel._plans.values()
+    return plan
+
+
 #: (x shape, filters): pixel counts around the 16- and 32-wide tiles and the chunk
 #: boundaries, filter counts around the blocks of eight, one channel, many channels.
 SHAPES = {
@@ -54,13 +61,21 @@ SHAPES = {
     "32px": ((1, 24, 4, 8), 1),
     "33px": ((1, 24, 3, 11), 13),
     "49px": ((1, 96, 7, 7), 40),
-    "one-channel": ((1, 1, 6, 6), 16),
+    "one-channel": ((1, 1, 6, 6), 12),
     "many-channels": ((1, 600, 7, 7), 24),
     "chunk-tail": ((1, 16, 1, 512 + 512 + 5), 12),  # 8192 / 16 = 512 pixels per chunk
     "chunk-even": ((1, 16, 32, 32), 20),
     "chunk-least": ((1, 96, 1, 256 + 256 + 20), 8),  # 8192 / 96 < 256: chunks of 256
     "batch": ((3, 40, 14, 14), 33),
+    # filters in the lanes: maps that 32-pixel tiles cover badly
+    "lanes-49px": ((1, 96, 7, 7), 64),
+    "lanes-one-block": ((1, 30, 7, 7), 16),
+    "lanes-partial-group": ((2, 40, 5, 5), 56),
+    "lanes-batch": ((3, 200, 7, 7), 96),
+    "lanes-17px": ((1, 8, 1, 17), 32),
 }
+#: The cases whose filters go in the lanes.
+LANES = {case for case in SHAPES if case.startswith("lanes")}
 
 
 @pytest.mark.parametrize("case", sorted(SHAPES))
@@ -70,6 +85,7 @@ def test_tiled_pointwise_matches_the_reference(case):
     z = rand(xs[0], m, *xs[2:], seed=4)
     y, variant = run(x, w, b)
     assert variant == "pointwise-tiled"
+    assert plan_of(x, w).tiles.lanes == (case in LANES)
     np.testing.assert_allclose(y, reference(x, w, b), rtol=1e-5, atol=1e-5)
     y, _ = run(x, w, None, z, activation="Relu")
     np.testing.assert_allclose(y, np.maximum(reference(x, w, None, z), 0), rtol=1e-5, atol=1e-5)
@@ -80,7 +96,9 @@ def test_tiled_pointwise_matches_the_reference(case):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["49px", "chunk-tail", "batch", "many-channels"])
+@pytest.mark.parametrize(
+    "case", ["49px", "chunk-tail", "batch", "many-channels", "lanes-batch", "lanes-partial-group"]
+)
 def test_tiled_pointwise_gives_the_same_bits_on_two_threads(case):
     xs, m = SHAPES[case]
     x, w, b = rand(*xs, seed=1), rand(m, xs[1], 1, 1, seed=2), rand(m, seed=3)
@@ -145,10 +163,12 @@ def test_small_maps_and_float64_keep_the_gemm_paths():
 
 
 @pytest.mark.parametrize("activation", ["Relu", "Clip", "HardSwish"])
-@pytest.mark.parametrize("shape", [(1, 96, 7, 7), (2, 24, 28, 28), (1, 16, 20, 30)])
-def test_tiled_pointwise_in_a_session_matches_onnxruntime(shape, activation):
+@pytest.mark.parametrize(
+    "shape, m",
+    [((1, 96, 7, 7), 40), ((1, 96, 7, 7), 64), ((2, 24, 28, 28), 40), ((1, 16, 20, 30), 40)],
+)
+def test_tiled_pointwise_in_a_session_matches_onnxruntime(shape, m, activation):
     """Conv -> Add (residual) -> activation: the optimizer fuses them into a FusedConv."""
-    m = 40
     w, b = rand(m, shape[1], 1, 1, seed=1), rand(m, seed=2)
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
     act_inputs = ["s"]

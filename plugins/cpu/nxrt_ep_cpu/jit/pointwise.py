@@ -27,7 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nxrt_ep_cpu.jit import inline, njit
-from nxrt_ep_cpu.jit.conv import _FLOAT, _VECTOR, _copy16, _vector_at
+from nxrt_ep_cpu.jit.conv import _FLOAT, _VECTOR, _copy16, _transpose16, _vector_at
 
 #: Filters per block: the rows of one register tile.
 ROWS = 8
@@ -211,3 +211,125 @@ def pointwise_team(x, w, bias, z, out, items, lo, hi, clamp, bounds):  # pragma:
     spread over the threads of numba's pool (``jit/threads.py``)."""
     for p in numba.prange(bounds.size - 1):
         pointwise(x, w, bias, z, out, items, lo, hi, clamp, bounds[p], bounds[p + 1])
+
+
+# -- filters in the lanes, for small maps ------------------------------------------------------
+#
+# On a 7x7 map, 49 pixels fill 64 lanes (the tiles above compute 15 pixels twice). There
+# the lanes hold filters instead: a tile is 32 filters (two vectors of the weights, packed
+# filter-minor by :func:`pack_lanes`) by 8 pixels, each pixel's input value broadcast, and
+# a last pixel or few take one-pixel tiles, so no pixel is computed twice. A block's tiles
+# land pixel-major in a small buffer, which 16x16 register transposes move to the output's
+# rows, then the residual and the clamp are applied to those rows while they are in cache.
+
+#: Filters per block of the filter-lanes kernel, and pixels per tile.
+LANE_BLOCK = 32
+LANE_PIXELS = 8
+
+
+def pack_lanes(w: np.ndarray) -> np.ndarray:
+    """``w`` (filters, channels) as blocks of :data:`LANE_BLOCK` filters: block ``t``'s
+    filters of channel ``c`` at ``[t, c * LANE_BLOCK : (c + 1) * LANE_BLOCK]`` (zero filters
+    pad the last block)."""
+    m, k = w.shape
+    blocks = -(-m // LANE_BLOCK)
+    padded = np.zeros((blocks * LANE_BLOCK, k), np.float32)
+    padded[:m] = w
+    return np.ascontiguousarray(padded.reshape(blocks, LANE_BLOCK, k).transpose(0, 2, 1)).reshape(
+        blocks, k * LANE_BLOCK
+    )
+
+
+@inline
+def _lane_tile(acc, xs, w, bias, m0, k, pixels, p0, count, halves):  # pragma: no cover
+    """Accumulate ``count`` (8 or 1) pixels from ``p0`` of ``halves`` x 16 filters from
+    ``m0``; ``acc`` holds 32 values per pixel and starts at the bias."""
+    step = np.uint64(LANE_BLOCK)
+    for j in range(count):
+        _copy16(acc, j * LANE_BLOCK, bias, m0)
+        if halves == 2:
+            _copy16(acc, j * LANE_BLOCK + 16, bias, m0 + 16)
+    if count == LANE_PIXELS and halves == 2:
+        for c in range(np.uint64(k)):
+            wi = c * step
+            xi = c * np.uint64(pixels) + np.uint64(p0)
+            for j in range(LANE_PIXELS):  # unrolled by LLVM: the offsets are constants
+                _fmab16(acc, j * LANE_BLOCK, w, wi, xs, xi + np.uint64(j))
+                _fmab16(acc, j * LANE_BLOCK + 16, w, wi + np.uint64(16), xs, xi + np.uint64(j))
+    elif count == LANE_PIXELS:
+        for c in range(np.uint64(k)):
+            wi = c * step
+            xi = c * np.uint64(pixels) + np.uint64(p0)
+            for j in range(LANE_PIXELS):
+                _fmab16(acc, j * LANE_BLOCK, w, wi, xs, xi + np.uint64(j))
+    else:
+        for c in range(np.uint64(k)):
+            wi = c * step
+            xi = c * np.uint64(pixels) + np.uint64(p0)
+            _fmab16(acc, 0, w, wi, xs, xi)
+            if halves == 2:
+                _fmab16(acc, 16, w, wi + np.uint64(16), xs, xi)
+
+
+@njit
+def pointwise_lanes(x, w, bias, z, out, lo, hi, clamp, first, stop):  # pragma: no cover
+    """Items ``first..stop`` (over images x blocks of 32 filters) of a 1x1 convolution with
+    the filters in the lanes.
+
+    ``x``: (images, channels, pixels), at least 16 pixels; ``out`` and ``z``: (images,
+    filters, pixels), ``z`` of size 0 for no residual; ``w``: :func:`pack_lanes`'s blocks;
+    ``bias``: one per filter, padded with zeros to whole blocks.
+    """
+    k, pixels = x.shape[1], x.shape[2]
+    m = out.shape[1]
+    blocks = w.shape[0]
+    has_z = z.size > 0
+    zs = z.reshape(-1)
+    ys = out.reshape(-1)
+    acc = numba.carray(_stack256(), (256,))
+    stage = np.empty(pixels * LANE_BLOCK, np.float32)  # one block, pixel-major
+    for item in range(first, stop):
+        image, block = item // blocks, item % blocks
+        xs = x[image].reshape(-1)
+        wb = w[block]
+        m0 = block * LANE_BLOCK
+        width = min(LANE_BLOCK, m - m0)
+        halves = 2 if width > 16 else 1
+        p = 0
+        while p < pixels:
+            count = LANE_PIXELS if pixels - p >= LANE_PIXELS else 1
+            _lane_tile(acc, xs, wb, bias, m0, k, pixels, p, count, halves)
+            for j in range(count):
+                _copy16(stage, (p + j) * LANE_BLOCK, acc, j * LANE_BLOCK)
+                if halves == 2:
+                    _copy16(stage, (p + j) * LANE_BLOCK + 16, acc, j * LANE_BLOCK + 16)
+            p += count
+        # to the output's rows: whole groups of 16 filters by register transposes (the last
+        # 16 pixels overlap the group before: no scalar tail), a partial group value by value
+        base = (image * m + m0) * pixels
+        for g in range(0, width, 16):
+            row = base + g * pixels
+            if g + 16 <= width:
+                for q in range(0, pixels, 16):
+                    q = min(q, pixels - 16)
+                    _transpose16(ys, row + q, pixels, stage, q * LANE_BLOCK + g, LANE_BLOCK)
+            else:
+                for f in range(g, width):
+                    for q in range(pixels):
+                        ys[base + f * pixels + q] = stage[q * LANE_BLOCK + f]
+        first_value, stop_value = np.uint64(base), np.uint64(base + width * pixels)
+        if has_z:
+            for i in range(first_value, stop_value):
+                ys[i] += zs[i]
+        if clamp:
+            for i in range(first_value, stop_value):
+                v = ys[i]
+                v = lo if v < lo else v
+                ys[i] = hi if v > hi else v
+
+
+@njit(parallel=True)
+def pointwise_lanes_team(x, w, bias, z, out, lo, hi, clamp, bounds):  # pragma: no cover
+    """:func:`pointwise_lanes` over parts of items, as :func:`pointwise_team`."""
+    for p in numba.prange(bounds.size - 1):
+        pointwise_lanes(x, w, bias, z, out, lo, hi, clamp, bounds[p], bounds[p + 1])

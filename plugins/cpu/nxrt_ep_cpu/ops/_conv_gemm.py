@@ -97,6 +97,8 @@ _TILE_PIXELS = 16
 #: tile recomputes up to 16 pixels of the one before).
 _TILE_CHUNK = 8192
 _TILE_MIN_CHUNK = 256
+#: Share of extra pixels computed from which the 1x1 kernel puts filters in the lanes.
+_LANE_WASTE = 1.15
 #: Multiply-adds per nanosecond of the register-tiled kernel on one core (measured).
 _TILE_RATE = 40
 #: Channels per group from which a pointwise convolution of several small images moves
@@ -611,9 +613,7 @@ class Pointwise(GemmPlan):
 
     def prepare(self, w: np.ndarray) -> np.ndarray:
         if self.tiles is not None:
-            from nxrt_ep_cpu.jit.pointwise import pack
-
-            return pack(w.reshape(self.m, self.cg))
+            return self.tiles.pack(w.reshape(self.m, self.cg))
         return np.ascontiguousarray(w.reshape(self.group, self.mg, self.cg))
 
     def work(self, src, wp, out, b, z, act) -> Work:
@@ -685,36 +685,57 @@ class Pointwise(GemmPlan):
 
 
 class _Tiles:
-    """The work items of :class:`Pointwise`'s register-tiled kernel for one input shape:
-    (image, pixel chunk, block of eight filters), chunk by chunk so that a chunk of input
-    stays in cache while every filter block reads it, split over the pool in equal runs."""
+    """The work of :class:`Pointwise`'s register-tiled kernels for one input shape.
+
+    Pixels in the vector lanes (``jit/pointwise.py``'s :func:`pointwise`) by
+    default: items of (image, pixel chunk, block of eight filters), chunk by chunk
+    so that a chunk of input stays in cache while every filter block reads it.
+    Filters in the lanes (:func:`pointwise_lanes`; items of image x block of 32
+    filters) where tiles of 32 pixels would compute a sixth more than the map
+    has (7x7: 64 for 49) and blocks of 16 filters waste less. Either way the
+    items are split over the pool in equal runs.
+    """
 
     def __init__(self, n: int, k: int, m: int, pixels: int, team: int) -> None:
         from nxrt_ep_cpu.jit import pointwise as kernels
         from nxrt_ep_cpu.jit.threads import TEAM_NS, bounds
 
         self.kernels = kernels
-        self.blocks = -(-m // kernels.ROWS)
         chunk = max(_TILE_MIN_CHUNK, _TILE_CHUNK // k // kernels.WIDTH * kernels.WIDTH)
         ranges = [[p, min(pixels, p + chunk)] for p in range(0, pixels, chunk)]
         if len(ranges) > 1 and ranges[-1][1] - ranges[-1][0] < _TILE_PIXELS:
             last = ranges.pop()  # a chunk's tiles need 16 pixels: the short tail joins
             ranges[-1][1] = last[1]
-        self.items = np.array(
-            [(i, p0, p1, t) for i in range(n) for p0, p1 in ranges for t in range(self.blocks)],
-            np.int64,
-        ).reshape(-1, 4)
+        computed = sum(_tiled_pixels(p1 - p0, kernels.WIDTH) for p0, p1 in ranges)
+        self.lanes = computed > _LANE_WASTE * pixels and -(-m // 16) * 16 < _LANE_WASTE * m
+        if self.lanes:
+            self.rows = kernels.LANE_BLOCK
+            self.blocks = -(-m // self.rows)
+            self.items = np.zeros((0, 4), np.int64)
+            count = n * self.blocks
+        else:
+            self.rows = kernels.ROWS
+            self.blocks = -(-m // self.rows)
+            self.items = np.array(
+                [(i, p0, p1, t) for i in range(n) for p0, p1 in ranges for t in range(self.blocks)],
+                np.int64,
+            ).reshape(-1, 4)
+            count = len(self.items)
         ns = n * m * k * pixels / _TILE_RATE
-        self.bounds = bounds(len(self.items), team if team > 1 and ns >= TEAM_NS else 1)
+        self.bounds = bounds(count, team if team > 1 and ns >= TEAM_NS else 1)
         self._bias: tuple[Any, Any] = (None, None)
         self._warm(k, m, pixels)
+
+    def pack(self, w: np.ndarray) -> np.ndarray:
+        """The weights, (filters, channels), packed for the kernel."""
+        return (self.kernels.pack_lanes if self.lanes else self.kernels.pack)(w)
 
     def bias(self, b: np.ndarray | None) -> np.ndarray:
         """The bias padded to whole filter blocks (zeros for none), kept while it is the same
         constant array."""
         source, padded = self._bias
         if padded is None or source is not b:
-            padded = np.zeros(self.blocks * self.kernels.ROWS, np.float32)
+            padded = np.zeros(self.blocks * self.rows, np.float32)
             if b is not None:
                 padded[: b.size] = b.reshape(-1)
             if b is None or not b.flags.writeable:
@@ -723,25 +744,45 @@ class _Tiles:
 
     def run(self, x, wp, bias, z, out, lo: float, hi: float, clamp: bool, team: int) -> None:
         """The kernel over every item, split over ``team`` threads of the pool above 1."""
-        if team > 1 and len(self.bounds) > 2:
+        kernels, split = self.kernels, team > 1 and len(self.bounds) > 2
+        if split:
             from nxrt_ep_cpu.jit.threads import size_team
 
             size_team(team)
-            self.kernels.pointwise_team(x, wp, bias, z, out, self.items, lo, hi, clamp, self.bounds)
+        if self.lanes and split:
+            kernels.pointwise_lanes_team(x, wp, bias, z, out, lo, hi, clamp, self.bounds)
+        elif self.lanes:
+            kernels.pointwise_lanes(x, wp, bias, z, out, lo, hi, clamp, 0, int(self.bounds[-1]))
+        elif split:
+            kernels.pointwise_team(x, wp, bias, z, out, self.items, lo, hi, clamp, self.bounds)
         else:
-            self.kernels.pointwise(
-                x, wp, bias, z, out, self.items, lo, hi, clamp, 0, len(self.items)
-            )
+            kernels.pointwise(x, wp, bias, z, out, self.items, lo, hi, clamp, 0, len(self.items))
 
     def _warm(self, k: int, m: int, pixels: int) -> None:
         """Compile the kernels (or load them from the disk cache) now, while the session is
         created, with the argument types of a run and no items."""
         x = np.zeros((0, k, pixels), np.float32)
-        wp = np.zeros((self.blocks, k * self.kernels.ROWS), np.float32)
-        args = (x, wp, self.bias(None), _NONE3, np.zeros((0, m, pixels), np.float32), self.items)
-        self.kernels.pointwise(*args, 0.0, 0.0, False, 0, 0)
-        if len(self.bounds) > 2:
-            self.kernels.pointwise_team(*args, 0.0, 0.0, False, np.zeros(2, np.int64))
+        wp = np.zeros((self.blocks, k * self.rows), np.float32)
+        args = (x, wp, self.bias(None), _NONE3, np.zeros((0, m, pixels), np.float32))
+        kernels, split, none = self.kernels, len(self.bounds) > 2, np.zeros(2, np.int64)
+        if self.lanes:
+            kernels.pointwise_lanes(*args, 0.0, 0.0, False, 0, 0)
+            if split:
+                kernels.pointwise_lanes_team(*args, 0.0, 0.0, False, none)
+        else:
+            kernels.pointwise(*args, self.items, 0.0, 0.0, False, 0, 0)
+            if split:
+                kernels.pointwise_team(*args, self.items, 0.0, 0.0, False, none)
+
+
+def _tiled_pixels(count: int, width: int) -> int:
+    """Pixels the pixel-lane kernel computes for a chunk of ``count`` (its loop: tiles of
+    ``width``, or 16 for 16 or fewer left, the last one shifted back to end the chunk)."""
+    at = done = 0
+    while at < count:
+        tile = width if count - at > 16 and count >= width else 16
+        at, done = min(at, count - tile) + tile, done + tile
+    return done
 
 
 class Direct(GemmPlan):
