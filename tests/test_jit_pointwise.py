@@ -78,6 +78,22 @@ SHAPES = {
 LANES = {case for case in SHAPES if case.startswith("lanes")}
 
 
+def _sigmoid(y):
+    return 1 / (1 + np.exp(-y))
+
+
+#: The activations the kernels apply themselves, with their numpy forms.
+ACTIVATIONS = [
+    ("Sigmoid", (), _sigmoid),
+    ("Swish", (), lambda y: y * _sigmoid(y)),
+    ("Swish", (1.5,), lambda y: y * _sigmoid(1.5 * y)),
+    ("HardSwish", (), lambda y: y * np.clip(y / 6 + 0.5, 0, 1)),
+    ("HardSigmoid", (0.3, 0.4), lambda y: np.clip(0.3 * y + 0.4, 0, 1)),
+    ("LeakyRelu", (0.1,), lambda y: np.where(y < 0, 0.1 * y, y)),
+    ("Tanh", (), np.tanh),  # not fused: applied to the output after the kernel
+]
+
+
 @pytest.mark.parametrize("case", sorted(SHAPES))
 def test_tiled_pointwise_matches_the_reference(case):
     xs, m = SHAPES[case]
@@ -91,9 +107,9 @@ def test_tiled_pointwise_matches_the_reference(case):
     np.testing.assert_allclose(y, np.maximum(reference(x, w, None, z), 0), rtol=1e-5, atol=1e-5)
     y, _ = run(x, w, b, z, activation="Clip", params=(-0.5, 0.25))
     np.testing.assert_allclose(y, np.clip(reference(x, w, b, z), -0.5, 0.25), rtol=1e-5, atol=1e-5)
-    y, _ = run(x, w, b, activation="Sigmoid")  # applied after the kernel
-    want = 1 / (1 + np.exp(-reference(x, w, b)))
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    for activation, params, apply in ACTIVATIONS:  # applied as each tile is written
+        y, _ = run(x, w, b, z, activation=activation, params=params)
+        np.testing.assert_allclose(y, apply(reference(x, w, b, z)), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -119,9 +135,10 @@ def test_tiled_pointwise_strided_one_d_and_broadcast_residual():
     want = np.maximum(reference(line, w1, b, z), 0)[:, :, 0, :]
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     gates = rand(1, 10, 1, 1, seed=7)  # broadcast: added once the product is done
-    y, _ = run(x[:, :, :4, :4], w, b, gates, activation="Relu")
-    want = np.maximum(reference(x[:, :, :4, :4], w, b) + gates, 0)
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    for activation, apply in (("Relu", lambda y: np.maximum(y, 0)), ("Sigmoid", _sigmoid)):
+        y, _ = run(x[:, :, :4, :4], w, b, gates, activation=activation)
+        want = apply(reference(x[:, :, :4, :4], w, b) + gates)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
 def test_tiled_pointwise_keeps_nan_and_inf_through_the_clamp():

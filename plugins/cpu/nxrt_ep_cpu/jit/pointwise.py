@@ -28,7 +28,21 @@ from numba.extending import intrinsic
 
 from nxrt_ep_cpu.jit import inline, njit
 from nxrt_ep_cpu.jit.conv import _FLOAT, _VECTOR, _copy16, _transpose16, _vector_at
+from nxrt_ep_cpu.jit.elementwise import (
+    HARD_SIGMOID,
+    HARD_SWISH,
+    LEAKY_RELU,
+    NONE,
+    SIGMOID,
+    SWISH,
+    _apply,
+)
 
+#: The activations (``jit/elementwise.py``'s codes) the kernels apply as they write a tile
+#: (Relu and Clip are their clamp; the others run after, on the whole output).
+FUSED = frozenset({SIGMOID, SWISH, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU})
+#: Multiplies and adds may become FMAs (as in the activation loops); nothing else changes.
+_FMA = {"contract"}
 #: Filters per block: the rows of one register tile.
 ROWS = 8
 #: Pixels one tile covers: two vectors of 16 float32.
@@ -123,6 +137,27 @@ def _stack256(typingctx):  # pragma: no cover - numba typing
     return types.CPointer(types.float32)(), codegen
 
 
+@inline
+def _activate(ys, first, stop, kind, a, b):  # pragma: no cover - numba
+    """Activation ``kind`` (one of :data:`FUSED`, or :data:`NONE`) in place on
+    ``ys[first:stop]``: a vectorized loop per activation, the code chosen once per call."""
+    if kind == SWISH:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], SWISH, a, b)
+    elif kind == HARD_SWISH:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], HARD_SWISH, a, b)
+    elif kind == SIGMOID:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], SIGMOID, a, b)
+    elif kind == HARD_SIGMOID:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], HARD_SIGMOID, a, b)
+    elif kind == LEAKY_RELU:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], LEAKY_RELU, a, b)
+
+
 def pack(w: np.ndarray) -> np.ndarray:
     """``w`` (filters, channels) as blocks of :data:`ROWS` filters, channel-major: block
     ``t``'s weights of channel ``c`` at ``[t, c * ROWS : (c + 1) * ROWS]`` (zero filters
@@ -160,7 +195,7 @@ def _tile(acc, xs, w, bias, row0, k, pixels, at, width):  # pragma: no cover - n
 
 
 @inline
-def _emit(acc, ys, zs, has_z, base, rows, pixels, at, width, lo, hi, clamp):  # pragma: no cover
+def _emit(acc, ys, zs, has_z, base, rows, pixels, at, width, epi, clamp):  # pragma: no cover
     """Write a tile's ``rows`` filters from ``acc`` to ``ys[base + r * pixels + at ...]``,
     the residual added and the clamp applied, a vector at a time."""
     for r in range(np.uint64(rows)):
@@ -170,18 +205,19 @@ def _emit(acc, ys, zs, has_z, base, rows, pixels, at, width, lo, hi, clamp):  # 
             if has_z:
                 _add16(acc, a, zs, o)
             if clamp:
-                _clamp16(acc, a, lo, hi)
+                _clamp16(acc, a, epi[0], epi[1])
             _copy16(ys, o, acc, a)
 
 
-@njit
-def pointwise(x, w, bias, z, out, items, lo, hi, clamp, first, stop):  # pragma: no cover
+@njit(fastmath=_FMA)
+def pointwise(x, w, bias, z, out, items, epi, clamp, kind, first, stop):  # pragma: no cover
     """Items ``first..stop`` of a 1x1 convolution.
 
     ``x``: (images, channels, pixels); ``out`` and ``z``: (images, filters, pixels), ``z``
     of size 0 for no residual; ``w``: :func:`pack`'s blocks; ``bias``: one per filter,
     padded with zeros to whole blocks; ``items``: rows of (image, first pixel, stop pixel,
-    filter block), each pixel range at least 16 long.
+    filter block), each pixel range at least 16 long; ``epi``: the clamp's bounds and the
+    activation's two parameters (float32); ``kind``: one of :data:`FUSED` or ``NONE``.
     """
     k, pixels = x.shape[1], x.shape[2]
     m = out.shape[1]
@@ -201,16 +237,20 @@ def pointwise(x, w, bias, z, out, items, lo, hi, clamp, first, stop):  # pragma:
             width = WIDTH if p1 - p > 16 and p1 - p0 >= WIDTH else 16
             at = min(p, p1 - width)
             _tile(acc, xs, wb, bias, row0, k, pixels, at, width)
-            _emit(acc, ys, zs, has_z, base, rows, pixels, at, width, lo, hi, clamp)
+            _emit(acc, ys, zs, has_z, base, rows, pixels, at, width, epi, clamp)
             p = at + width
+        if kind != NONE:  # on the item's rows while they are in cache: long loops vectorize
+            for r in range(rows):
+                start = np.uint64(base + r * pixels)
+                _activate(ys, start + np.uint64(p0), start + np.uint64(p1), kind, epi[2], epi[3])
 
 
-@njit(parallel=True)
-def pointwise_team(x, w, bias, z, out, items, lo, hi, clamp, bounds):  # pragma: no cover
+@njit(fastmath=_FMA, parallel=True)
+def pointwise_team(x, w, bias, z, out, items, epi, clamp, kind, bounds):  # pragma: no cover
     """:func:`pointwise` on items ``bounds[p]..bounds[p + 1]`` for each part ``p``, the parts
     spread over the threads of numba's pool (``jit/threads.py``)."""
     for p in numba.prange(bounds.size - 1):
-        pointwise(x, w, bias, z, out, items, lo, hi, clamp, bounds[p], bounds[p + 1])
+        pointwise(x, w, bias, z, out, items, epi, clamp, kind, bounds[p], bounds[p + 1])
 
 
 # -- filters in the lanes, for small maps ------------------------------------------------------
@@ -271,8 +311,8 @@ def _lane_tile(acc, xs, w, bias, m0, k, pixels, p0, count, halves):  # pragma: n
                 _fmab16(acc, 16, w, wi + np.uint64(16), xs, xi)
 
 
-@njit
-def pointwise_lanes(x, w, bias, z, out, lo, hi, clamp, first, stop):  # pragma: no cover
+@njit(fastmath=_FMA)
+def pointwise_lanes(x, w, bias, z, out, epi, clamp, kind, first, stop):  # pragma: no cover
     """Items ``first..stop`` (over images x blocks of 32 filters) of a 1x1 convolution with
     the filters in the lanes.
 
@@ -322,14 +362,16 @@ def pointwise_lanes(x, w, bias, z, out, lo, hi, clamp, first, stop):  # pragma: 
             for i in range(first_value, stop_value):
                 ys[i] += zs[i]
         if clamp:
+            lo, hi = epi[0], epi[1]
             for i in range(first_value, stop_value):
                 v = ys[i]
                 v = lo if v < lo else v
                 ys[i] = hi if v > hi else v
+        _activate(ys, first_value, stop_value, kind, epi[2], epi[3])
 
 
-@njit(parallel=True)
-def pointwise_lanes_team(x, w, bias, z, out, lo, hi, clamp, bounds):  # pragma: no cover
+@njit(fastmath=_FMA, parallel=True)
+def pointwise_lanes_team(x, w, bias, z, out, epi, clamp, kind, bounds):  # pragma: no cover
     """:func:`pointwise_lanes` over parts of items, as :func:`pointwise_team`."""
     for p in numba.prange(bounds.size - 1):
-        pointwise_lanes(x, w, bias, z, out, lo, hi, clamp, bounds[p], bounds[p + 1])
+        pointwise_lanes(x, w, bias, z, out, epi, clamp, kind, bounds[p], bounds[p + 1])

@@ -175,6 +175,8 @@ class ConvKernel(NumpyKernel):
         name = activation.decode() if isinstance(activation, bytes) else activation
         self.relu = name == "Relu"
         self.clamp = _clamp(name, activation_params)
+        #: The fused activation's name and parameters (kernels that apply it themselves).
+        self.activation = (name, tuple(activation_params))
         self.parallel = parallel
         self.workspace = workspace if workspace is not None else Workspace()
         #: Threads of the EP's own pool the GEMMs and loops split over (1: BLAS's threads).
@@ -536,7 +538,9 @@ class Pointwise(GemmPlan):
         #: float32 with one group: register tiles on weights packed once (``jit/pointwise.py``).
         self.tiles = None
         if shape.dtype == np.float32 and self.group == 1 and pixels >= _TILE_PIXELS:
-            self.tiles = _Tiles(n, self.cg, self.m, pixels, self.team)
+            self.tiles = _Tiles(
+                n, self.cg, self.m, pixels, self.team, kernel.clamp, kernel.activation
+            )
             self.variant = "pointwise-tiled"
             self.reason = (
                 "1x1 kernel without padding, float32: eight filters by 32 pixels in registers "
@@ -592,22 +596,23 @@ class Pointwise(GemmPlan):
         wp = self._prepared(w)
         out = np.empty(self.out_shape, np.float32)
         residual, late_z = _residual(z, self.out_shape, self.one_d, (n, m, pixels))
-        clamp = self.clamp is not None and late_z is None
-        lo, hi = self.clamp if clamp else (0.0, 0.0)
+        early = late_z is None  # the fused activation applies in the kernel
+        clamp = self.clamp is not None and early
+        kind = self.tiles.kind if early else self.tiles.none
         self.tiles.run(
             source,
             wp,
             self.tiles.bias(b),
             residual,
             out.reshape(n, m, pixels),
-            lo,
-            hi,
+            self.tiles.epilogue if clamp or kind != self.tiles.none else self.tiles.plain,
             clamp,
+            kind,
             self.active_team(),
         )
         if late_z is not None:
             np.add(out, late_z, out=out)
-        if self.act is not None and not clamp:
+        if self.act is not None and not clamp and kind == self.tiles.none:
             self.act(out)
         return out[:, :, 0, :] if self.one_d else out
 
@@ -696,11 +701,32 @@ class _Tiles:
     items are split over the pool in equal runs.
     """
 
-    def __init__(self, n: int, k: int, m: int, pixels: int, team: int) -> None:
+    def __init__(
+        self,
+        n: int,
+        k: int,
+        m: int,
+        pixels: int,
+        team: int,
+        clamp: tuple[float, float] | None,
+        activation: tuple[str, Sequence[float]],
+    ) -> None:
         from nxrt_ep_cpu.jit import pointwise as kernels
+        from nxrt_ep_cpu.jit.elementwise import CODES, NONE, Activation
         from nxrt_ep_cpu.jit.threads import TEAM_NS, bounds
 
         self.kernels = kernels
+        #: The activation the kernel applies as it writes (``none``: a clamp, or none).
+        self.none = NONE
+        name, params = activation
+        fused = CODES.get(name) in kernels.FUSED
+        compiled = Activation(name, params) if fused else None
+        self.kind = compiled.kind if fused else self.none
+        a, b = (compiled.a, compiled.b) if fused else (0.0, 0.0)
+        lo, hi = clamp if clamp is not None else (0.0, 0.0)
+        #: The kernel's float32 parameters: the clamp's bounds and the activation's.
+        self.epilogue = np.array([lo, hi, a, b], np.float32)
+        self.plain = np.zeros(4, np.float32)
         chunk = max(_TILE_MIN_CHUNK, _TILE_CHUNK // k // kernels.WIDTH * kernels.WIDTH)
         ranges = [[p, min(pixels, p + chunk)] for p in range(0, pixels, chunk)]
         if len(ranges) > 1 and ranges[-1][1] - ranges[-1][0] < _TILE_PIXELS:
@@ -742,21 +768,22 @@ class _Tiles:
                 self._bias = (b, padded)
         return padded
 
-    def run(self, x, wp, bias, z, out, lo: float, hi: float, clamp: bool, team: int) -> None:
+    def run(self, x, wp, bias, z, out, epi, clamp: bool, kind: int, team: int) -> None:
         """The kernel over every item, split over ``team`` threads of the pool above 1."""
         kernels, split = self.kernels, team > 1 and len(self.bounds) > 2
         if split:
             from nxrt_ep_cpu.jit.threads import size_team
 
             size_team(team)
+        terms = (epi, clamp, kind)
         if self.lanes and split:
-            kernels.pointwise_lanes_team(x, wp, bias, z, out, lo, hi, clamp, self.bounds)
+            kernels.pointwise_lanes_team(x, wp, bias, z, out, *terms, self.bounds)
         elif self.lanes:
-            kernels.pointwise_lanes(x, wp, bias, z, out, lo, hi, clamp, 0, int(self.bounds[-1]))
+            kernels.pointwise_lanes(x, wp, bias, z, out, *terms, 0, int(self.bounds[-1]))
         elif split:
-            kernels.pointwise_team(x, wp, bias, z, out, self.items, lo, hi, clamp, self.bounds)
+            kernels.pointwise_team(x, wp, bias, z, out, self.items, *terms, self.bounds)
         else:
-            kernels.pointwise(x, wp, bias, z, out, self.items, lo, hi, clamp, 0, len(self.items))
+            kernels.pointwise(x, wp, bias, z, out, self.items, *terms, 0, len(self.items))
 
     def _warm(self, k: int, m: int, pixels: int) -> None:
         """Compile the kernels (or load them from the disk cache) now, while the session is
@@ -765,14 +792,15 @@ class _Tiles:
         wp = np.zeros((self.blocks, k * self.rows), np.float32)
         args = (x, wp, self.bias(None), _NONE3, np.zeros((0, m, pixels), np.float32))
         kernels, split, none = self.kernels, len(self.bounds) > 2, np.zeros(2, np.int64)
+        terms = (self.plain, False, self.none)
         if self.lanes:
-            kernels.pointwise_lanes(*args, 0.0, 0.0, False, 0, 0)
+            kernels.pointwise_lanes(*args, *terms, 0, 0)
             if split:
-                kernels.pointwise_lanes_team(*args, 0.0, 0.0, False, none)
+                kernels.pointwise_lanes_team(*args, *terms, none)
         else:
-            kernels.pointwise(*args, self.items, 0.0, 0.0, False, 0, 0)
+            kernels.pointwise(*args, self.items, *terms, 0, 0)
             if split:
-                kernels.pointwise_team(*args, self.items, 0.0, 0.0, False, none)
+                kernels.pointwise_team(*args, self.items, *terms, none)
 
 
 def _tiled_pixels(count: int, width: int) -> int:
