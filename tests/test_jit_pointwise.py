@@ -73,6 +73,8 @@ SHAPES = {
     "lanes-partial-group": ((2, 40, 5, 5), 56),
     "lanes-batch": ((3, 200, 7, 7), 96),
     "lanes-17px": ((1, 8, 1, 17), 32),
+    "lanes-one-pixel": ((1, 96, 1, 1), 24),  # squeeze-and-excitation's 1x1
+    "lanes-few-pixels": ((1, 20, 3, 3), 40),
 }
 #: The cases whose filters go in the lanes.
 LANES = {case for case in SHAPES if case.startswith("lanes")}
@@ -171,8 +173,10 @@ def test_pack_lays_eight_filters_channel_major():
     assert not packed[1].reshape(3, ROWS)[:, 3:].any()  # the padding filters are zero
 
 
-def test_small_maps_and_float64_keep_the_gemm_paths():
+def test_small_maps_of_several_images_grouped_and_float64_keep_the_gemm_paths():
     _, variant = run(rand(4, 8, 3, 3), rand(5, 8, 1, 1))
+    assert variant == "pointwise"
+    _, variant = run(rand(1, 8, 6, 6), rand(6, 4, 1, 1), attrs=dict(group=2))
     assert variant == "pointwise"
     x, w = rand(1, 8, 6, 6).astype(np.float64), rand(5, 8, 1, 1).astype(np.float64)
     y, variant = run(x, w)
@@ -220,3 +224,18 @@ def test_tiled_pointwise_in_a_session_matches_onnxruntime(shape, m, activation):
     np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
     variants = [getattr(step.kernel, "variant", "") for step in session._plan.steps]
     assert "pointwise-tiled" in variants
+
+
+@pytest.mark.parametrize("n, pixels", [(1, (7, 7)), (1, (14, 14)), (2, (7, 7))])
+def test_channel_scale_is_applied_to_the_packed_weights(n, pixels):
+    """FusedConv's S (a squeeze-and-excitation gate folded in): ``conv(x * s, w)``."""
+    x, w, b = rand(n, 48, *pixels, seed=1), rand(64, 48, 1, 1, seed=2), rand(64, seed=3)
+    w.flags.writeable = False  # a constant: packed once
+    kernel = ConvKernel({}, activation="HardSwish")
+    for seed in (4, 5):  # a new gate each run, the same packed weights
+        s = rand(n, 48, 1, 1, seed=seed)
+        want = reference(x * s, w, b)
+        want = want * np.clip(want / 6 + 0.5, 0, 1)
+        got = kernel.run(x, w, b, None, s)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert kernel.variant == "pointwise-tiled"

@@ -11,7 +11,10 @@ can import it.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from nxrt.errors import KernelFailed, NxrtError
@@ -77,6 +80,12 @@ def run_team(team: int, parallel: HostParallel | None) -> int:
     (``HostParallel.active_threads``) and in a process forked since the kernel was made."""
     if team < 2 or parallel is None or parallel.active_threads < 2:
         return 1
-    from nxrt_ep_cpu.jit.threads import team as live_team
+    return compiled("threads").team(team)
 
-    return live_team(team)
+
+@functools.cache
+def compiled(name: str) -> ModuleType:
+    """The module ``nxrt_ep_cpu.jit.<name>``, imported on first use (numba with it), then
+    looked up: an import statement in a kernel's call costs about 1 µs, as much as the
+    whole call of a small kernel's Python."""
+    return importlib.import_module(f"nxrt_ep_cpu.jit.{name}")

@@ -316,7 +316,7 @@ def pointwise_lanes(x, w, bias, z, out, epi, clamp, kind, first, stop):  # pragm
     """Items ``first..stop`` (over images x blocks of 32 filters) of a 1x1 convolution with
     the filters in the lanes.
 
-    ``x``: (images, channels, pixels), at least 16 pixels; ``out`` and ``z``: (images,
+    ``x``: (images, channels, pixels); ``out`` and ``z``: (images,
     filters, pixels), ``z`` of size 0 for no residual; ``w``: :func:`pack_lanes`'s blocks;
     ``bias``: one per filter, padded with zeros to whole blocks.
     """
@@ -349,7 +349,7 @@ def pointwise_lanes(x, w, bias, z, out, epi, clamp, kind, first, stop):  # pragm
         base = (image * m + m0) * pixels
         for g in range(0, width, 16):
             row = base + g * pixels
-            if g + 16 <= width:
+            if g + 16 <= width and pixels >= 16:
                 for q in range(0, pixels, 16):
                     q = min(q, pixels - 16)
                     _transpose16(ys, row + q, pixels, stage, q * LANE_BLOCK + g, LANE_BLOCK)

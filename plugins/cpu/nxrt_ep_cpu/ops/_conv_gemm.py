@@ -62,7 +62,7 @@ import numpy as np
 from nxrt.errors import KernelFailed, NxrtError
 from nxrt.kernel import attribute_values
 from nxrt.memory import Workspace
-from nxrt_ep_cpu.kernels import NumpyKernel, pool_team, run_team
+from nxrt_ep_cpu.kernels import NumpyKernel, compiled, pool_team, run_team
 from nxrt_ep_cpu.ops._blas import GEMM
 from nxrt_ep_cpu.ops._conv_reference import conv_windows, convolve
 from nxrt_ep_cpu.ops._spatial import Windows
@@ -89,8 +89,9 @@ _DEPTHWISE_BLOCK = 1 << 18
 _BAND_VALUES = 1 << 20
 #: GEMM columns (output pixels) a band has at least.
 _BAND_COLUMNS = 512
-#: Pixels from which a float32 pointwise convolution runs on register tiles (a tile is 16
-#: or 32 pixels wide; smaller maps, such as squeeze-and-excitation's 1x1, stay on BLAS).
+#: Pixels from which a float32 pointwise convolution can put pixels in the vector lanes (a
+#: tile is 16 or 32 pixels wide; smaller maps of one image, such as squeeze-and-excitation's
+#: 1x1, put filters there; of several, they go to one GEMM, which reads the weights once).
 _TILE_PIXELS = 16
 #: Input values of one pixel chunk of the register-tiled kernel (32 KB: it stays in L1
 #: while every filter block reads it), and the pixels a chunk has at least (its last
@@ -215,11 +216,13 @@ class ConvKernel(NumpyKernel):
         z: np.ndarray | None = None,
         s: np.ndarray | None = None,
     ) -> np.ndarray:
-        if s is not None:
-            x, w = _scaled(x, w, s, int(self.attrs.get("group", 1)))
         plan = self._plans.get((x.shape, w.shape, x.dtype))
         if plan is None:
             plan = self._plan(x.shape, w.shape, x.dtype)
+        if s is not None:
+            if isinstance(plan, Pointwise) and plan.tiles is not None:
+                return plan.run_scaled(x, w, b, z, _scale(x, s))
+            x, w = _scaled(x, w, s, int(self.attrs.get("group", 1)))
         return plan.run(x, w, b, z)
 
     def _plan(
@@ -236,6 +239,14 @@ class ConvKernel(NumpyKernel):
         return f"ConvKernel({self.variant or 'unplanned'}, {self.attrs})"
 
 
+def _scale(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """FusedConv's per-input-channel scale ``s``, checked against the input ``x``."""
+    n, c = x.shape[:2]
+    if s.ndim != x.ndim or s.shape[1] != c or s.shape[0] not in (1, n) or s.size != s.shape[0] * c:
+        raise KernelFailed(f"FusedConv's scale S must be (N, C, 1, ...), got {s.shape}")
+    return s
+
+
 def _scaled(
     x: np.ndarray, w: np.ndarray, s: np.ndarray, group: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -243,8 +254,7 @@ def _scaled(
     and one group, the weights scaled along their input channels (``filters x channels``
     multiplies instead of a pass over the whole input); else the input scaled."""
     n, c = x.shape[:2]
-    if s.ndim != x.ndim or s.shape[1] != c or s.shape[0] not in (1, n) or s.size != s.shape[0] * c:
-        raise KernelFailed(f"FusedConv's scale S must be (N, C, 1, ...), got {s.shape}")
+    s = _scale(x, s)
     if n == 1 and group == 1 and w.shape[1] == c and w.size <= x.size:
         scale = s.reshape((1, c) + (1,) * (w.ndim - 2)).astype(w.dtype, copy=False)
         return x, w * scale
@@ -537,7 +547,7 @@ class Pointwise(GemmPlan):
         self.batch = ""
         #: float32 with one group: register tiles on weights packed once (``jit/pointwise.py``).
         self.tiles = None
-        if shape.dtype == np.float32 and self.group == 1 and pixels >= _TILE_PIXELS:
+        if shape.dtype == np.float32 and self.group == 1 and (n == 1 or pixels >= _TILE_PIXELS):
             self.tiles = _Tiles(
                 n, self.cg, self.m, pixels, self.team, kernel.clamp, kernel.activation
             )
@@ -584,8 +594,17 @@ class Pointwise(GemmPlan):
         _activate(flat, flat, self.act, self.relu)
         return out
 
-    def _run_tiled(self, x, w, b, z) -> np.ndarray:
-        """The register-tiled kernel: ``out = act(w @ x + b + z)`` per image in one pass."""
+    def run_scaled(self, x, w, b, z, s) -> np.ndarray:
+        """``conv(x * s, w)`` for FusedConv's per-input-channel scale ``s`` (float32 tiles):
+        for one image the packed weights scaled along their channels, so that weights
+        packed once stay packed; for several, the input scaled."""
+        if self.x_shape[0] > 1:
+            return self._run_tiled(np.multiply(x, s.astype(x.dtype, copy=False)), w, b, z)
+        return self._run_tiled(x, w, b, z, s.reshape(-1).astype(np.float32, copy=False))
+
+    def _run_tiled(self, x, w, b, z, scale=None) -> np.ndarray:
+        """The register-tiled kernel: ``out = act(w @ x + b + z)`` per image in one pass
+        (``scale``: one image's channel scale, applied to the packed weights)."""
         if self.one_d:
             x = x[:, :, None, :]
         if any(s > 1 for s in self.strides):
@@ -594,6 +613,9 @@ class Pointwise(GemmPlan):
         n, m, pixels = self.x_shape[0], self.m, self.pixels
         source = np.ascontiguousarray(x, np.float32).reshape(n, self.cg, pixels)
         wp = self._prepared(w)
+        if scale is not None:
+            blocks = wp.shape[0]
+            wp = (wp.reshape(blocks, self.cg, -1) * scale.reshape(1, -1, 1)).reshape(blocks, -1)
         out = np.empty(self.out_shape, np.float32)
         residual, late_z = _residual(z, self.out_shape, self.one_d, (n, m, pixels))
         early = late_z is None  # the fused activation applies in the kernel
@@ -733,7 +755,9 @@ class _Tiles:
             last = ranges.pop()  # a chunk's tiles need 16 pixels: the short tail joins
             ranges[-1][1] = last[1]
         computed = sum(_tiled_pixels(p1 - p0, kernels.WIDTH) for p0, p1 in ranges)
-        self.lanes = computed > _LANE_WASTE * pixels and -(-m // 16) * 16 < _LANE_WASTE * m
+        self.lanes = pixels < _TILE_PIXELS or (
+            computed > _LANE_WASTE * pixels and -(-m // 16) * 16 < _LANE_WASTE * m
+        )
         if self.lanes:
             self.rows = kernels.LANE_BLOCK
             self.blocks = -(-m // self.rows)
@@ -772,9 +796,7 @@ class _Tiles:
         """The kernel over every item, split over ``team`` threads of the pool above 1."""
         kernels, split = self.kernels, team > 1 and len(self.bounds) > 2
         if split:
-            from nxrt_ep_cpu.jit.threads import size_team
-
-            size_team(team)
+            compiled("threads").size_team(team)
         terms = (epi, clamp, kind)
         if self.lanes and split:
             kernels.pointwise_lanes_team(x, wp, bias, z, out, *terms, self.bounds)
@@ -974,9 +996,7 @@ class Direct(GemmPlan):
 
         if len(self.ranges) > 1 and self.team > 1:
             if self.active_team() > 1:
-                from nxrt_ep_cpu.jit.threads import size_team
-
-                size_team(self.team)
+                compiled("threads").size_team(self.team)
                 self._launch_team(x, wp, bias, residual, planes, geometry, lo, hi, self.bounds)
                 if act is not None:
                     act(flat)
@@ -1452,8 +1472,7 @@ def _gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, team: int = 
     each group's GEMM split over ``team`` threads of the EP's pool above 1."""
     groups = a.shape[0]
     if team > 1:
-        from nxrt_ep_cpu.jit.threads import gemm
-
+        gemm = compiled("threads").gemm
         if gemm(a[0], b[0], c[0], beta, team):
             for j in range(1, groups):
                 gemm(a[j], b[j], c[j], beta, team)

@@ -13,6 +13,7 @@ import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
 from nxrt.errors import KernelFailed
+from nxrt_ep_cpu.kernels import compiled
 from nxrt_ep_cpu.ops._registry import op
 
 
@@ -54,9 +55,7 @@ def _softmax_rows(logits: np.ndarray, *, zero_empty: bool = True) -> np.ndarray:
     softmax)."""
     if not zero_empty:
         if logits.dtype == np.float32 and logits.size:
-            from nxrt_ep_cpu.jit import norm
-
-            return norm.softmax(logits, logits.ndim - 1, False, None)
+            return compiled("norm").softmax(logits, logits.ndim - 1, False, None)
         with np.errstate(invalid="ignore"):
             e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
             e /= np.sum(e, axis=-1, keepdims=True)

@@ -13,7 +13,7 @@ from nxrt.contrib_ops import DOMAIN, FUSED_SINCE
 from nxrt.errors import KernelFailed
 from nxrt.host_parallel import one_blas_thread
 from nxrt.kernel import attribute_values
-from nxrt_ep_cpu.kernels import CpuKernel, pool_team, run_team
+from nxrt_ep_cpu.kernels import CpuKernel, compiled, pool_team, run_team
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops.elementwise import NUMPY_FASTER, inplace_activation
 from nxrt_ep_cpu.ops.normalization import pooled
@@ -148,9 +148,7 @@ def _fast_flat(
     :func:`softmax_1` and :func:`log_softmax_1` run for the other dtypes)."""
     start = axis + x.ndim if axis < 0 else axis
     if x.dtype == np.float32 and x.size and 0 <= start <= x.ndim:
-        from nxrt_ep_cpu.jit import norm
-
-        return norm.softmax(_as_2d(x, start), 1, log, parallel).reshape(x.shape)
+        return compiled("norm").softmax(_as_2d(x, start), 1, log, parallel).reshape(x.shape)
     return (log_softmax_1 if log else softmax_1)(x, axis=axis)
 
 
@@ -160,9 +158,7 @@ def _fast_along(
     """Softmax or LogSoftmax of opset 13, compiled for float32 (the references
     :func:`softmax` and :func:`log_softmax` run for the other dtypes)."""
     if x.dtype == np.float32 and x.size and -x.ndim <= axis < x.ndim:
-        from nxrt_ep_cpu.jit import norm
-
-        return norm.softmax(x, axis % x.ndim, log, parallel)
+        return compiled("norm").softmax(x, axis % x.ndim, log, parallel)
     return (log_softmax if log else softmax)(x, axis=axis)
 
 
@@ -254,9 +250,7 @@ def _product(a: np.ndarray, b: np.ndarray, team: int = 1) -> np.ndarray:
     on BLAS, a GEMM too small to gain from BLAS's second thread on one (the session's cap
     on BLAS threads is process-wide, so it goes through its governor)."""
     if team > 1:
-        from nxrt_ep_cpu.jit.threads import matmul
-
-        y = matmul(a, b, team)
+        y = compiled("threads").matmul(a, b, team)
         if y is not None:
             return y
     if a.shape[0] > 1 and a.shape[0] * a.shape[1] * b.shape[1] in _SERIAL_GEMM_MACS:
@@ -352,9 +346,7 @@ class MatMulKernel(CpuKernel):
         if a.dtype in _BLAS_DTYPES and b.dtype == a.dtype and b.ndim == 2 and a.ndim >= 1:
             return _rows_product(a, b, run_team(self.team, self.parallel))
         if run_team(self.team, self.parallel) > 1:
-            from nxrt_ep_cpu.jit.threads import matmul
-
-            y = matmul(a, b, run_team(self.team, self.parallel))
+            y = compiled("threads").matmul(a, b, run_team(self.team, self.parallel))
             if y is not None:
                 return y
         return self._call(a, b)

@@ -20,7 +20,7 @@ from onnx.helper import tensor_dtype_to_np_dtype
 
 from nxrt.errors import KernelFailed
 from nxrt.kernel import attribute_values
-from nxrt_ep_cpu.kernels import CpuKernel
+from nxrt_ep_cpu.kernels import CpuKernel, compiled
 from nxrt_ep_cpu.ops._registry import op
 
 if TYPE_CHECKING:
@@ -105,10 +105,10 @@ def _fast_layer_normalization(
         scale_values = _per_value(scale, inner)
         bias_values = _per_value(b, inner) if b is not None else None
         if scale_values is not None and (b is None or bias_values is not None):
-            from nxrt_ep_cpu.jit import norm
-
             rows = np.ascontiguousarray(x).reshape(-1, math.prod(inner))
-            y, mean, inv_std = norm.layer_norm(rows, scale_values, bias_values, epsilon, parallel)
+            y, mean, inv_std = compiled("norm").layer_norm(
+                rows, scale_values, bias_values, epsilon, parallel
+            )
             stats = x.shape[:axis] + (1,) * len(inner)
             return y.reshape(x.shape), mean.reshape(stats), inv_std.reshape(stats)
     return layer_normalization(x, scale, b, axis=axis, epsilon=epsilon, stash_type=stash_type)

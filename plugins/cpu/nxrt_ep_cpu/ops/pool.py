@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nxrt.kernel import attribute_values
-from nxrt_ep_cpu.kernels import CpuKernel
+from nxrt_ep_cpu.kernels import CpuKernel, compiled
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops._spatial import Windows, lowest, pad_for, tap_views, windows
 
@@ -127,11 +127,9 @@ def average_pool(
 def global_average_pool(x: np.ndarray, /) -> np.ndarray:
     """Mean over every spatial axis, kept as size-1 axes."""
     if x.dtype == np.float32 and x.ndim > 2 and x.size > 0:
-        from nxrt_ep_cpu.jit.pool import global_average
-
         rows = np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1)
         out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), np.float32)
-        global_average(rows, out.reshape(-1))
+        compiled("pool").global_average(rows, out.reshape(-1))
         return out
     return np.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
