@@ -490,6 +490,25 @@ def _copy16(typingctx, dst, di, src, si):  # pragma: no cover - numba typing
 
 
 @intrinsic
+def _clamp16(typingctx, acc, at, lo, hi):  # pragma: no cover - numba typing
+    """``acc[at:at+16] = clamp(acc[at:at+16], lo, hi)`` with compares and selects, as the
+    scalar loops do: NaN stays NaN."""
+    signature = types.void(acc, at, lo, hi)
+
+    def codegen(context, builder, sig, args):
+        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
+        v = builder.load(pa, align=4)
+        for bound, op in ((args[2], "<"), (args[3], ">")):
+            one = builder.insert_element(ir.Constant(_VECTOR, None), bound, _INDEX(0))
+            splat = builder.shuffle_vector(one, one, ir.Constant(_MASK, [0] * 16))
+            v = builder.select(builder.fcmp_ordered(op, v, splat), splat, v)
+        builder.store(v, pa, align=4)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
 def _transpose16(typingctx, dst, di, dstride, src, si, sstride):  # pragma: no cover - typing
     """``dst[di + c * dstride + r] = src[si + r * sstride + c]`` for ``r, c < 16``: 16
     vector loads, four rounds of two-vector shuffles (each swaps one bit of the row and
@@ -771,6 +790,7 @@ def depthwise_rows(
     step = sw * 16
     acc = numba.carray(_stack128(), (128,))
     count = np.uint64(wo * 16)
+    early = clamp and not has_z  # clamped in registers (else after the residual)
     for item in range(first, stop):
         image, rest = item // (blocks * parts), item % (blocks * parts)
         block, part = rest // parts, rest % parts
@@ -792,8 +812,10 @@ def depthwise_rows(
                     for i in range(np.uint64(base), np.uint64(base + slot)):
                         ring[i] = 0.0
                 filled += 1
+            top = (oy * sh) % span  # the ring slot of the output row's first input row
             for t in range(taps):
-                at[t] = ((oy * sh + rows[t]) % span) * slot + columns[t]
+                k = top + rows[t]
+                at[t] = (k - span if k >= span else k) * slot + columns[t]
             # eight output pixels at a time (then four, then one), accumulators in registers
             ox = 0
             while ox + 8 <= wo:
@@ -814,6 +836,8 @@ def depthwise_rows(
                     _fma16(acc, 96, ring, a + 6 * step, w, t * 16)
                     _fma16(acc, 112, ring, a + 7 * step, w, t * 16)
                 for k in range(0, 128, 16):
+                    if early:
+                        _clamp16(acc, k, lo, hi)
                     _copy16(row, ox * 16 + k, acc, k)
                 ox += 8
             while ox + 4 <= wo:
@@ -829,6 +853,8 @@ def depthwise_rows(
                     _fma16(acc, 32, ring, a + 2 * step, w, t * 16)
                     _fma16(acc, 48, ring, a + 3 * step, w, t * 16)
                 for k in range(0, 64, 16):
+                    if early:
+                        _clamp16(acc, k, lo, hi)
                     _copy16(row, ox * 16 + k, acc, k)
                 ox += 4
             while ox < wo:
@@ -836,6 +862,8 @@ def depthwise_rows(
                 _copy16(acc, 0, b, 0)
                 for t in range(taps):
                     _fma16(acc, 0, ring, base + at[t], w, t * 16)
+                if early:
+                    _clamp16(acc, 0, lo, hi)
                 _copy16(row, ox * 16, acc, 0)
                 ox += 1
             # the residual (moved to channels-last too) and the clamp, then out to the planes
@@ -851,7 +879,7 @@ def depthwise_rows(
                             zrow[p * 16 + lane] = zs[dst + lane * outputs + p]
                 for i in range(count):
                     row[i] += zrow[i]
-            if clamp:
+            if clamp and has_z:
                 for i in range(count):
                     v = row[i]
                     v = lo if v < lo else v
