@@ -22,7 +22,12 @@ Relu/Clip clamp (NaN stays NaN, as ``np.maximum``).
 On small maps those padded rows cost too much (a 7x7 kernel on a 7x7 map
 computes 13 values per row to keep 7): :func:`depthwise_blocks` moves 16
 channels at a time to channels-last and computes each output pixel's 16
-channels in one vector register (see the section below).
+channels in one vector register (see the section below). On maps up to 64
+wide but of 1024 pixels and more, :func:`depthwise_rows` does the same a row
+at a time: only the rows the current output row reads are in channels-last,
+so the block never leaves L1 (measured on 56-112 wide maps: 1.0-1.25x
+faster than whole planes on one core, 1.2x on two, 2.3x where one block of
+16 channels is cut in two bands).
 
 :func:`image_columns` and :func:`columns_to_images` pack the GEMM columns of
 several whole images and move the product back to ``(image, filter,

@@ -14,7 +14,8 @@ the others take the first of :data:`VARIANTS` that suits them:
   into one GEMM's columns, or through numpy's batched matmul for few channels;
 * :class:`Blocked` (float32): one filter per channel on maps up to
   ``_BLOCKED_WIDTH`` wide, 16 channels at a time in channels-last, each
-  output pixel's 16 channels one vector register (``jit/conv.py``);
+  output pixel's 16 channels one vector register (``jit/conv.py``); from
+  ``_ROWS_PIXELS`` input pixels on, a row at a time;
 * :class:`Direct` (float32): few channels per group (depthwise on larger
   maps, grouped convolutions, stems), convolved directly in numba a band of
   output rows at a time from the flat padded layout of :class:`_Layout`,
@@ -822,7 +823,9 @@ class Direct(GemmPlan):
 class Blocked(Direct):
     """Depthwise on small maps, float32: 16 channels at a time in channels-last, each output
     pixel's 16 channels one AVX-512 register (``jit/conv.py``), so that the padding is
-    never computed; the bias, residual and a Relu/Clip applied as the block is written."""
+    never computed; the bias, residual and a Relu/Clip applied as the block is written.
+    Larger maps go a row at a time (:attr:`rows`), their blocks cut in bands of output
+    rows (:attr:`parts`) where they do not split evenly over the EP's pool."""
 
     @classmethod
     def suits(cls, shape: ConvShape) -> str:
