@@ -134,6 +134,20 @@ DEPTHWISE = {
     "tall-band": ((1, 2, 90, 70), (2, 1, 3, 3), dict(group=2, pads=[1] * 4)),
     "wide-map": ((1, 16, 20, 70), (16, 1, 3, 3), dict(group=16, pads=[1] * 4)),
     "1d": ((2, 6, 20), (6, 1, 5), dict(group=6, pads=[2, 2], strides=[2])),
+    # maps large enough for ``Blocked`` to move a row at a time (``depthwise_rows``)
+    "rows-3x3": ((1, 32, 40, 40), (32, 1, 3, 3), dict(group=32, pads=[1] * 4)),
+    "rows-s2-odd": ((2, 20, 45, 37), (20, 1, 3, 3), dict(group=20, pads=[1] * 4, strides=[2, 2])),
+    "rows-5x5-dilated": (
+        (1, 48, 34, 33),
+        (48, 1, 5, 5),
+        dict(group=48, pads=[4] * 4, dilations=[2, 2]),
+    ),
+    "rows-asym-s3": (
+        (1, 17, 50, 64),
+        (17, 1, 3, 2),
+        dict(group=17, pads=[0, 2, 1, 0], strides=[3, 2]),
+    ),
+    "rows-valid": ((3, 16, 40, 30), (16, 1, 3, 3), dict(group=16, auto_pad="VALID")),
     "1d-blocks": ((2, 22, 20), (22, 1, 5), dict(group=22, pads=[2, 2], strides=[2])),
 }
 
@@ -163,7 +177,8 @@ def test_depthwise_matches_the_reference(case, bias):
 
 
 @pytest.mark.parametrize(
-    "case", ["3x3", "3x3-few", "5x5-s2", "7x7-small-map", "1d", "1d-blocks", "multiplier-2"]
+    "case",
+    ["3x3", "3x3-few", "5x5-s2", "7x7-small-map", "1d", "1d-blocks", "multiplier-2", "rows-s2-odd"],
 )
 @pytest.mark.parametrize(
     ("activation", "params", "apply"),
@@ -186,7 +201,7 @@ def test_depthwise_fuses_residual_and_activation(case, activation, params, apply
     assert_close(got, reference(x, w, None, attrs, broadcast, apply))
 
 
-@pytest.mark.parametrize("case", ["5x5-s2", "5x5-s2-few"])
+@pytest.mark.parametrize("case", ["5x5-s2", "5x5-s2-few", "rows-s2-odd"])
 def test_depthwise_keeps_nan_and_inf(case):
     xs, ws, attrs = DEPTHWISE[case]
     x, w, b = rand(*xs, seed=1), rand(*ws, seed=2), rand(ws[0], seed=3)
@@ -208,6 +223,31 @@ def test_depthwise_split_across_the_pool_matches_one_thread(width):
     split, _ = run_kernel(x, w, b, attrs, activation="Relu", threads=2)
     single, _ = run_kernel(x, w, b, attrs, activation="Relu")
     np.testing.assert_array_equal(split, single)
+
+
+ROWS = sorted(k for k in DEPTHWISE if k.startswith("rows-"))
+
+
+@pytest.mark.parametrize("case", ROWS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_rows_fuse_residual_and_clamp(case, threads):
+    """Large maps move a row at a time; over two threads, an odd count of (image, block of
+    16 channels) items is cut into bands of output rows too."""
+    xs, ws, attrs = DEPTHWISE[case]
+    x, w, b = rand(*xs, seed=1), rand(*ws, seed=2), rand(ws[0], seed=3)
+    z = rand(*reference(x, w, b, attrs).shape, seed=4)
+    with HostParallel(threads) as parallel:
+        kernel = ConvKernel(
+            attrs, parallel=parallel, activation="Clip", activation_params=(-0.2, 0.3)
+        )
+        got = kernel.run(x, w, b, z)
+        (plan,) = kernel._plans.values()
+        assert type(plan).__name__ == "Blocked" and plan.rows
+        if kernel.team > 1 and (xs[0] * -(-xs[1] // 16)) % 2:
+            assert plan.parts == 2
+        single = ConvKernel(attrs, activation="Clip", activation_params=(-0.2, 0.3)).run(x, w, b, z)
+    assert_close(got, reference(x, w, b, attrs, z, lambda y: np.clip(y, -0.2, 0.3)))
+    np.testing.assert_array_equal(got, single)
 
 
 # -- few channels per group ------------------------------------------------------------------
@@ -394,7 +434,12 @@ def test_conv_matches_onnxruntime(case):
 
 @pytest.mark.parametrize(
     "shape, variant",
-    [((1, 32, 28, 28), "depthwise"), ((4, 16, 9, 9), "depthwise"), ((16, 24, 7, 7), "depthwise")],
+    [
+        ((1, 32, 28, 28), "depthwise"),
+        ((4, 16, 9, 9), "depthwise"),
+        ((16, 24, 7, 7), "depthwise"),
+        ((1, 48, 40, 40), "depthwise"),
+    ],
 )
 def test_fused_depthwise_conv_in_a_session_matches_onnxruntime(shape, variant):
     """Conv -> Add -> Relu, which the optimizer fuses into one FusedConv."""

@@ -22,11 +22,20 @@ Relu/Clip clamp (NaN stays NaN, as ``np.maximum``).
 On small maps those padded rows cost too much (a 7x7 kernel on a 7x7 map
 computes 13 values per row to keep 7): :func:`depthwise_blocks` moves 16
 channels at a time to channels-last and computes each output pixel's 16
-channels in one vector register (see the section below).
+channels in one vector register (see the section below). On maps up to 64
+wide but of 1024 pixels and more, :func:`depthwise_rows` does the same a row
+at a time: only the rows the current output row reads are in channels-last,
+so the block never leaves L1 (measured on 56-112 wide maps: 1.0-1.25x
+faster than whole planes on one core, 1.2x on two, 2.3x where one block of
+16 channels is cut in two bands).
 
 :func:`image_columns` and :func:`columns_to_images` pack the GEMM columns of
 several whole images and move the product back to ``(image, filter,
 pixel)`` with the fused terms, for maps too small for a GEMM per image.
+
+A clamp's bounds are compared as float32: against float64 bounds the clamp
+loops stay scalar (measured 3x slower), and as rounding to float32 is
+monotonic, clamping to the rounded bounds gives the same float32 values.
 
 Hot loops index with unsigned integers: numba adds no negative-index
 wraparound to those, which would stop the loops vectorizing, and flat
@@ -245,6 +254,7 @@ def direct_conv(
         geometry[10],
         geometry[11],
     )
+    lo, hi = np.float32(lo), np.float32(hi)  # a float32 clamp (module docstring)
     taps = starts.shape[0]
     channels = groups * cg
     filters = groups * mg
@@ -406,6 +416,7 @@ def columns_to_images(product, out, bias, z, first, lo, hi, clamp):  # pragma: n
     pixels)`` with the fused terms; ``bias``/``z`` of size 0 for none."""
     filters, pixels = out.shape[1], out.shape[2]
     images = product.shape[1] // pixels
+    lo, hi = np.float32(lo), np.float32(hi)  # a float32 clamp (module docstring)
     has_bias = bias.size > 0
     has_z = z.size > 0
     count = np.uint64(pixels)
@@ -484,6 +495,25 @@ def _copy16(typingctx, dst, di, src, si):  # pragma: no cover - numba typing
 
 
 @intrinsic
+def _clamp16(typingctx, acc, at, lo, hi):  # pragma: no cover - numba typing
+    """``acc[at:at+16] = clamp(acc[at:at+16], lo, hi)`` with compares and selects, as the
+    scalar loops do: NaN stays NaN."""
+    signature = types.void(acc, at, lo, hi)
+
+    def codegen(context, builder, sig, args):
+        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
+        v = builder.load(pa, align=4)
+        for bound, op in ((args[2], "<"), (args[3], ">")):
+            one = builder.insert_element(ir.Constant(_VECTOR, None), bound, _INDEX(0))
+            splat = builder.shuffle_vector(one, one, ir.Constant(_MASK, [0] * 16))
+            v = builder.select(builder.fcmp_ordered(op, v, splat), splat, v)
+        builder.store(v, pa, align=4)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
 def _transpose16(typingctx, dst, di, dstride, src, si, sstride):  # pragma: no cover - typing
     """``dst[di + c * dstride + r] = src[si + r * sstride + c]`` for ``r, c < 16``: 16
     vector loads, four rounds of two-vector shuffles (each swaps one bit of the row and
@@ -536,6 +566,15 @@ def _stack128(typingctx):  # pragma: no cover - numba typing
     return types.CPointer(types.float32)(), codegen
 
 
+@inline
+def _aligned(size):  # pragma: no cover - numba
+    """``np.zeros(size)`` starting on a cache line: vector loads that straddle two lines
+    cost twice (measured: the multiply-adds of a 56x56 map 137 against 99 us)."""
+    buf = np.zeros(size + 16, np.float32)
+    skip = (-buf.ctypes.data % 64) // 4
+    return buf[skip : skip + size]
+
+
 @njit
 def depthwise_blocks(
     x, weights, bias, offsets, z, out, geometry, lo, hi, first, stop
@@ -566,15 +605,16 @@ def depthwise_blocks(
     )
     blocks = -(-channels // 16)
     taps = offsets.shape[0]
+    lo, hi = np.float32(lo), np.float32(hi)  # a float32 clamp (module docstring)
     xs = x.reshape(-1)
     ys = out.reshape(-1)
     zs = z.reshape(-1)
     has_z = z.size > 0
     pixels = height * width
     outputs = ho * wo
-    padded = np.zeros(hp * wp * 16 + 64, np.float32)  # the border stays zero
+    padded = _aligned(hp * wp * 16 + 64)  # the border stays zero
     interleaved = np.zeros(pixels * 16 + 16, np.float32)  # unused lanes stay finite
-    result = np.empty(outputs * 16 + 64, np.float32)
+    result = _aligned(outputs * 16 + 64)
     step = sw * 16
     acc = numba.carray(_stack128(), (128,))
     for item in range(first, stop):
@@ -679,6 +719,179 @@ def depthwise_blocks(
                 ys[i] = hi if v > hi else v
 
 
+@inline
+def _row_in(ring, at, xs, src, width, lanes, pixels):  # pragma: no cover - numba
+    """Input row ``xs[src:src + width]`` of ``lanes`` channels (planes ``pixels`` apart) to
+    channels-last at ``ring[at:]``, 16 pixels per register transpose where it can (the last
+    16 of a row overlap the chunk before: no scalar tail)."""
+    if lanes == 16 and width >= 16:
+        for j0 in range(0, width, 16):
+            j0 = min(j0, width - 16)
+            _transpose16(ring, at + j0 * 16, 16, xs, src + j0, pixels)
+    else:
+        for lane in range(lanes):
+            for j in range(width):
+                ring[at + j * 16 + lane] = xs[src + lane * pixels + j]
+
+
+@inline
+def _row_out(ys, dst, row, wo, lanes, outputs):  # pragma: no cover - numba
+    """One channels-last output row ``row`` back to ``lanes`` planes at ``ys[dst:]``."""
+    if lanes == 16 and wo >= 16:
+        for p0 in range(0, wo, 16):
+            p0 = min(p0, wo - 16)
+            _transpose16(ys, dst + p0, outputs, row, p0 * 16, 16)
+    else:
+        for lane in range(lanes):
+            for p in range(wo):
+                ys[dst + lane * outputs + p] = row[p * 16 + lane]
+
+
+@njit
+def depthwise_rows(
+    x, weights, bias, columns, rows, z, out, geometry, lo, hi, first, stop
+):  # pragma: no cover - compiled by numba
+    """:func:`depthwise_blocks` a row at a time, for maps too large for a whole plane of 16
+    channels in channels-last to stay in cache (a 112x112 one is 800 KB).
+
+    Only the input rows the current output row reads are held in channels-last, in a ring
+    of ``span`` padded rows (``(kh - 1) x dh + 1``: each input row is moved once), and each
+    output row goes back to its planes, with the residual and the clamp, as soon as it is
+    computed: all of it stays in L1. Items run over images x blocks of 16 channels x
+    ``parts`` bands of output rows (bands balance the pool where blocks are few).
+    ``columns``/``rows``: each tap's column offset (x 16) and padded row offset;
+    ``geometry``: channels, height, width, out height, out width, top and left pads,
+    strides, padded width, span, clamp (0/1), parts.
+    """
+    channels, height, width, ho, wo, pt, pl, sh, sw, wp, span, clamp, parts = (
+        geometry[0],
+        geometry[1],
+        geometry[2],
+        geometry[3],
+        geometry[4],
+        geometry[5],
+        geometry[6],
+        geometry[7],
+        geometry[8],
+        geometry[9],
+        geometry[10],
+        geometry[11],
+        geometry[12],
+    )
+    blocks = -(-channels // 16)
+    taps = columns.shape[0]
+    lo, hi = np.float32(lo), np.float32(hi)  # a float32 clamp (module docstring)
+    xs = x.reshape(-1)
+    ys = out.reshape(-1)
+    zs = z.reshape(-1)
+    has_z = z.size > 0
+    pixels = height * width
+    outputs = ho * wo
+    slot = wp * 16
+    ring = _aligned(span * slot + 64)  # the border columns stay zero
+    row = _aligned(wo * 16 + 64)
+    zrow = _aligned(wo * 16 + 64)
+    at = np.empty(taps, np.int64)
+    step = sw * 16
+    acc = numba.carray(_stack128(), (128,))
+    count = np.uint64(wo * 16)
+    early = clamp and not has_z  # clamped in registers (else after the residual)
+    for item in range(first, stop):
+        image, rest = item // (blocks * parts), item % (blocks * parts)
+        block, part = rest // parts, rest % parts
+        oy0, oy1 = part * ho // parts, (part + 1) * ho // parts
+        c0 = block * 16
+        lanes = min(16, channels - c0)
+        w = weights[block]
+        b = bias[block]
+        source = (image * channels + c0) * pixels
+        target = (image * channels + c0) * outputs
+        filled = oy0 * sh  # the next padded row to move into the ring
+        for oy in range(oy0, oy1):
+            while filled < oy * sh + span:
+                base = (filled % span) * slot
+                r = filled - pt
+                if 0 <= r < height:
+                    _row_in(ring, base + pl * 16, xs, source + r * width, width, lanes, pixels)
+                else:
+                    for i in range(np.uint64(base), np.uint64(base + slot)):
+                        ring[i] = 0.0
+                filled += 1
+            top = (oy * sh) % span  # the ring slot of the output row's first input row
+            for t in range(taps):
+                k = top + rows[t]
+                at[t] = (k - span if k >= span else k) * slot + columns[t]
+            # eight output pixels at a time (then four, then one), accumulators in registers
+            ox = 0
+            while ox + 8 <= wo:
+                base = ox * step
+                for k in range(0, 128, 64):
+                    _copy16(acc, k, b, 0)
+                    _copy16(acc, k + 16, b, 16)
+                    _copy16(acc, k + 32, b, 32)
+                    _copy16(acc, k + 48, b, 48)
+                for t in range(taps):
+                    a = base + at[t]
+                    _fma16(acc, 0, ring, a, w, t * 16)
+                    _fma16(acc, 16, ring, a + step, w, t * 16)
+                    _fma16(acc, 32, ring, a + 2 * step, w, t * 16)
+                    _fma16(acc, 48, ring, a + 3 * step, w, t * 16)
+                    _fma16(acc, 64, ring, a + 4 * step, w, t * 16)
+                    _fma16(acc, 80, ring, a + 5 * step, w, t * 16)
+                    _fma16(acc, 96, ring, a + 6 * step, w, t * 16)
+                    _fma16(acc, 112, ring, a + 7 * step, w, t * 16)
+                for k in range(0, 128, 16):
+                    if early:
+                        _clamp16(acc, k, lo, hi)
+                    _copy16(row, ox * 16 + k, acc, k)
+                ox += 8
+            while ox + 4 <= wo:
+                base = ox * step
+                _copy16(acc, 0, b, 0)
+                _copy16(acc, 16, b, 16)
+                _copy16(acc, 32, b, 32)
+                _copy16(acc, 48, b, 48)
+                for t in range(taps):
+                    a = base + at[t]
+                    _fma16(acc, 0, ring, a, w, t * 16)
+                    _fma16(acc, 16, ring, a + step, w, t * 16)
+                    _fma16(acc, 32, ring, a + 2 * step, w, t * 16)
+                    _fma16(acc, 48, ring, a + 3 * step, w, t * 16)
+                for k in range(0, 64, 16):
+                    if early:
+                        _clamp16(acc, k, lo, hi)
+                    _copy16(row, ox * 16 + k, acc, k)
+                ox += 4
+            while ox < wo:
+                base = ox * step
+                _copy16(acc, 0, b, 0)
+                for t in range(taps):
+                    _fma16(acc, 0, ring, base + at[t], w, t * 16)
+                if early:
+                    _clamp16(acc, 0, lo, hi)
+                _copy16(row, ox * 16, acc, 0)
+                ox += 1
+            # the residual (moved to channels-last too) and the clamp, then out to the planes
+            dst = target + oy * wo
+            if has_z:
+                if lanes == 16 and wo >= 16:
+                    for p0 in range(0, wo, 16):
+                        p0 = min(p0, wo - 16)
+                        _transpose16(zrow, p0 * 16, 16, zs, dst + p0, outputs)
+                else:
+                    for lane in range(lanes):
+                        for p in range(wo):
+                            zrow[p * 16 + lane] = zs[dst + lane * outputs + p]
+                for i in range(count):
+                    row[i] += zrow[i]
+            if clamp and has_z:
+                for i in range(count):
+                    v = row[i]
+                    v = lo if v < lo else v
+                    row[i] = hi if v > hi else v
+            _row_out(ys, dst, row, wo, lanes, outputs)
+
+
 # -- the same loops over the EP's pool ----------------------------------------------------------
 
 
@@ -700,4 +913,15 @@ def depthwise_blocks_team(
     for p in numba.prange(bounds.size - 1):
         depthwise_blocks(
             x, weights, bias, offsets, z, out, geometry, lo, hi, bounds[p], bounds[p + 1]
+        )
+
+
+@njit(parallel=True)
+def depthwise_rows_team(
+    x, weights, bias, columns, rows, z, out, geometry, lo, hi, bounds
+):  # pragma: no cover - compiled by numba
+    """:func:`depthwise_rows` over parts of items, as :func:`direct_conv_team`."""
+    for p in numba.prange(bounds.size - 1):
+        depthwise_rows(
+            x, weights, bias, columns, rows, z, out, geometry, lo, hi, bounds[p], bounds[p + 1]
         )

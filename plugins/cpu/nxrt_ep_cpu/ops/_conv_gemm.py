@@ -14,7 +14,8 @@ the others take the first of :data:`VARIANTS` that suits them:
   into one GEMM's columns, or through numpy's batched matmul for few channels;
 * :class:`Blocked` (float32): one filter per channel on maps up to
   ``_BLOCKED_WIDTH`` wide, 16 channels at a time in channels-last, each
-  output pixel's 16 channels one vector register (``jit/conv.py``);
+  output pixel's 16 channels one vector register (``jit/conv.py``); from
+  ``_ROWS_PIXELS`` input pixels on, a row at a time;
 * :class:`Direct` (float32): few channels per group (depthwise on larger
   maps, grouped convolutions, stems), convolved directly in numba a band of
   output rows at a time from the flat padded layout of :class:`_Layout`,
@@ -53,6 +54,7 @@ measured amount of work.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -135,6 +137,9 @@ _CLAMP = 11
 #: padded rows the plane-by-plane kernel computes cost less than moving to channels-last
 #: and back; measured: 1.4-3x faster up to 56, even at 112).
 _BLOCKED_WIDTH = 64
+#: Input pixels from which the channel-blocked kernel moves a row at a time rather than the
+#: whole plane (16 channels of a 32x32 plane in channels-last are 64 KB, all of L1).
+_ROWS_PIXELS = 1024
 #: SIMD lanes the direct kernel rounds its passes up to (reads run that far past a band).
 _LANES = 16
 #: Stand-ins for an absent bias and residual in the direct kernel's arguments.
@@ -1016,7 +1021,9 @@ class Direct(GemmPlan):
 class Blocked(Direct):
     """Depthwise on small maps, float32: 16 channels at a time in channels-last, each output
     pixel's 16 channels one AVX-512 register (``jit/conv.py``), so that the padding is
-    never computed; the bias, residual and a Relu/Clip applied as the block is written."""
+    never computed; the bias, residual and a Relu/Clip applied as the block is written.
+    Larger maps go a row at a time (:attr:`rows`), their blocks cut in bands of output
+    rows (:attr:`parts`) where they do not split evenly over the EP's pool."""
 
     @classmethod
     def suits(cls, shape: ConvShape) -> str:
@@ -1040,30 +1047,49 @@ class Blocked(Direct):
         (pt, pl), (ho, wo) = win.begin, win.out
         hp = max(h + pt + win.end[0], (ho - 1) * sh + (kh - 1) * dh + 1)
         wp = max(w + pl + win.end[1], (wo - 1) * sw + (kw - 1) * dw + 1)
-        self.offsets = np.array(
-            [(i * dh * wp + j * dw) * 16 for i in range(kh) for j in range(kw)], np.int64
-        )
         self.blocks = -(-c // 16)
-        self.geometry = np.array(
-            [c, h, w, ho, wo, pt, pl, sh, sw, wp, hp, int(self.clamp is not None)], np.int64
-        )
-        self.items = n * self.blocks
+        clamp = int(self.clamp is not None)
+        #: A row at a time (``depthwise_rows``) where a whole plane of 16 channels in
+        #: channels-last would leave L1 and the rows are wide enough to transpose whole.
+        self.rows = min(w, wo) >= 16 and h * w >= _ROWS_PIXELS
+        self.parts = 1
+        if self.rows:
+            # bands of rows where the blocks do not split evenly over the EP's pool
+            if self.team > 1 and (n * self.blocks) % self.team:
+                self.parts = self.team // math.gcd(n * self.blocks, self.team)
+            self.columns = np.array([j * dw * 16 for _ in range(kh) for j in range(kw)], np.int64)
+            self.tap_rows = np.array([i * dh for i in range(kh) for _ in range(kw)], np.int64)
+            span = (kh - 1) * dh + 1
+            self.geometry = np.array(
+                [c, h, w, ho, wo, pt, pl, sh, sw, wp, span, clamp, self.parts], np.int64
+            )
+        else:
+            self.offsets = np.array(
+                [(i * dh * wp + j * dw) * 16 for i in range(kh) for j in range(kw)], np.int64
+            )
+            self.geometry = np.array([c, h, w, ho, wo, pt, pl, sh, sw, wp, hp, clamp], np.int64)
+        self.items = n * self.blocks * self.parts
         self._tiles: tuple[Any, Any] = (None, None)
         threads = self.parallel.threads if self.parallel is not None else 1
         macs, moved = ho * wo * self.taps, h * w + ho * wo
-        ns = self.items * 16 * (macs / _BLOCKED_RATE[0] + moved / _BLOCKED_RATE[1])
+        ns = n * self.blocks * 16 * (macs / _BLOCKED_RATE[0] + moved / _BLOCKED_RATE[1])
         self.ranges = _split(self.items, self._parts(ns, threads))
         self.bounds = np.array([r.start for r in self.ranges] + [self.items], np.int64)
-        from nxrt_ep_cpu.jit.conv import depthwise_blocks, depthwise_blocks_team
+        from nxrt_ep_cpu.jit import conv
 
-        self.kernel, self.team_kernel = depthwise_blocks, depthwise_blocks_team
+        if self.rows:
+            self.kernel, self.team_kernel = conv.depthwise_rows, conv.depthwise_rows_team
+        else:
+            self.kernel, self.team_kernel = conv.depthwise_blocks, conv.depthwise_blocks_team
         self._warm()
 
     def prepare(self, w: np.ndarray) -> np.ndarray:
         taps = np.zeros((self.blocks * 16, self.taps), np.float32)
         taps[: self.m] = w.reshape(self.m, self.taps)
         blocks = taps.reshape(self.blocks, 16, self.taps).transpose(0, 2, 1)
-        return np.ascontiguousarray(blocks).reshape(self.blocks, self.taps * 16)
+        prepared = _aligned((self.blocks, self.taps * 16))
+        prepared[:] = blocks.reshape(self.blocks, self.taps * 16)
+        return prepared
 
     def _bias_vector(self, b: np.ndarray) -> np.ndarray:
         return b  # tiled (and copied) by :meth:`_tiled`
@@ -1074,37 +1100,32 @@ class Blocked(Direct):
         source, tiled = self._tiles
         if source is bias:
             return tiled
-        tiled = np.zeros((self.blocks, 4, 16), np.float32)
+        tiled = _aligned((self.blocks, 64))
         if bias.size:
             padded = np.zeros(self.blocks * 16, np.float32)
             padded[: bias.size] = bias
-            tiled[:] = padded.reshape(self.blocks, 1, 16)
-        tiled = tiled.reshape(self.blocks, 64)
+            tiled.reshape(self.blocks, 4, 16)[:] = padded.reshape(self.blocks, 1, 16)
         if not bias.flags.writeable or bias is _NONE:
             self._tiles = (bias, tiled)
         return tiled
 
+    def _taps(self) -> tuple[np.ndarray, ...]:
+        """Where the kernel finds each tap: column and row offsets for ``depthwise_rows``,
+        offsets in the padded plane for ``depthwise_blocks``."""
+        return (self.columns, self.tap_rows) if self.rows else (self.offsets,)
+
     def _launch(self, x, wp, bias, residual, planes, geometry, lo, hi, part: range) -> None:
+        tiles = self._tiled(bias)
         self.kernel(
-            x,
-            wp,
-            self._tiled(bias),
-            self.offsets,
-            residual,
-            planes,
-            geometry,
-            lo,
-            hi,
-            part.start,
-            part.stop,
+            x, wp, tiles, *self._taps(), residual, planes, geometry, lo, hi, part.start, part.stop
         )
 
     def _launch_team(self, x, wp, bias, residual, planes, geometry, lo, hi, bounds) -> None:
         tiles = self._tiled(bias)
-        self.team_kernel(x, wp, tiles, self.offsets, residual, planes, geometry, lo, hi, bounds)
+        self.team_kernel(x, wp, tiles, *self._taps(), residual, planes, geometry, lo, hi, bounds)
 
     def _plane(self, item: int) -> int:
-        image, block = divmod(item, self.blocks)
+        image, block = divmod(item // self.parts, self.blocks)
         return image * self.m + min(block * 16, self.m)
 
 
@@ -1497,6 +1518,15 @@ def _activate(src: np.ndarray, dst: np.ndarray, act, relu: bool) -> None:
         np.copyto(dst, src)
     if act is not None:
         act(dst)
+
+
+def _aligned(shape: tuple[int, int]) -> np.ndarray:
+    """Zeroed float32 ``shape`` starting on a 64-byte cache line (the compiled kernels' vector
+    loads of a row then never straddle two lines)."""
+    size = shape[0] * shape[1]
+    buf = np.zeros(size + 16, np.float32)
+    skip = (-buf.ctypes.data % 64) // 4
+    return buf[skip : skip + size].reshape(shape)
 
 
 def _split(n: int, parts: int) -> list[range]:
