@@ -503,7 +503,8 @@ def _clamp16(typingctx, acc, at, lo, hi):  # pragma: no cover - numba typing
     def codegen(context, builder, sig, args):
         pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
         v = builder.load(pa, align=4)
-        for bound, op in ((args[2], "<"), (args[3], ">")):
+        bounds = [context.cast(builder, args[i], sig.args[i], types.float32) for i in (2, 3)]
+        for bound, op in ((bounds[0], "<"), (bounds[1], ">")):
             one = builder.insert_element(ir.Constant(_VECTOR, None), bound, _INDEX(0))
             splat = builder.shuffle_vector(one, one, ir.Constant(_MASK, [0] * 16))
             v = builder.select(builder.fcmp_ordered(op, v, splat), splat, v)
@@ -555,15 +556,18 @@ def _transpose16(typingctx, dst, di, dstride, src, si, sstride):  # pragma: no c
 
 
 @intrinsic
-def _stack128(typingctx):  # pragma: no cover - numba typing
-    """128 float32 on the stack: accumulators that no array can alias, so LLVM keeps them in
-    registers (an array would be stored back after every multiply-add)."""
+def _stack(typingctx, size):  # pragma: no cover - numba typing
+    """``size`` (a constant) float32 on the stack: accumulators that no array can alias, so
+    LLVM keeps them in registers (an array would be stored back after every multiply-add)."""
+    if not isinstance(size, types.IntegerLiteral):
+        return None
+    count = size.literal_value
 
     def codegen(context, builder, sig, args):
-        slot = cgutils.alloca_once(builder, ir.ArrayType(_FLOAT, 128))
+        slot = cgutils.alloca_once(builder, ir.ArrayType(_FLOAT, count))
         return builder.bitcast(slot, _FLOAT.as_pointer())
 
-    return types.CPointer(types.float32)(), codegen
+    return types.CPointer(types.float32)(size), codegen
 
 
 @inline
@@ -616,7 +620,7 @@ def depthwise_blocks(
     interleaved = np.zeros(pixels * 16 + 16, np.float32)  # unused lanes stay finite
     result = _aligned(outputs * 16 + 64)
     step = sw * 16
-    acc = numba.carray(_stack128(), (128,))
+    acc = numba.carray(_stack(128), (128,))
     for item in range(first, stop):
         image, block = item // blocks, item % blocks
         c0 = block * 16
@@ -793,7 +797,7 @@ def depthwise_rows(
     zrow = _aligned(wo * 16 + 64)
     at = np.empty(taps, np.int64)
     step = sw * 16
-    acc = numba.carray(_stack128(), (128,))
+    acc = numba.carray(_stack(128), (128,))
     count = np.uint64(wo * 16)
     early = clamp and not has_z  # clamped in registers (else after the residual)
     for item in range(first, stop):

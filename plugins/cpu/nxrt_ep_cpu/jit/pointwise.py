@@ -27,7 +27,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nxrt_ep_cpu.jit import inline, njit
-from nxrt_ep_cpu.jit.conv import _FLOAT, _VECTOR, _copy16, _transpose16, _vector_at
+from nxrt_ep_cpu.jit.conv import (
+    _VECTOR,
+    _clamp16,
+    _copy16,
+    _stack,
+    _transpose16,
+    _vector_at,
+)
 from nxrt_ep_cpu.jit.elementwise import (
     HARD_SIGMOID,
     HARD_SWISH,
@@ -106,35 +113,6 @@ def _add16(typingctx, acc, at, z, zi):  # pragma: no cover - numba typing
         return context.get_dummy_value()
 
     return signature, codegen
-
-
-@intrinsic
-def _clamp16(typingctx, acc, at, lo, hi):  # pragma: no cover - numba typing
-    """``acc[at:at+16]`` clamped to ``[lo, hi]`` as ``np.clip`` does it: NaN stays NaN."""
-    signature = types.void(acc, at, lo, hi)
-
-    def codegen(context, builder, sig, args):
-        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
-        v = builder.load(pa, align=4)
-        bound = [context.cast(builder, args[i], sig.args[i], types.float32) for i in (2, 3)]
-        low, high = _splat(builder, bound[0]), _splat(builder, bound[1])
-        v = builder.select(builder.fcmp_ordered("<", v, low), low, v)
-        v = builder.select(builder.fcmp_ordered(">", v, high), high, v)
-        builder.store(v, pa, align=4)
-        return context.get_dummy_value()
-
-    return signature, codegen
-
-
-@intrinsic
-def _stack256(typingctx):  # pragma: no cover - numba typing
-    """256 float32 on the stack: accumulators no array aliases, so they stay in registers."""
-
-    def codegen(context, builder, sig, args):
-        slot = cgutils.alloca_once(builder, ir.ArrayType(_FLOAT, 256))
-        return builder.bitcast(slot, _FLOAT.as_pointer())
-
-    return types.CPointer(types.float32)(), codegen
 
 
 @inline
@@ -224,7 +202,7 @@ def pointwise(x, w, bias, z, out, items, epi, clamp, kind, first, stop):  # prag
     has_z = z.size > 0
     zs = z.reshape(-1)
     ys = out.reshape(-1)
-    acc = numba.carray(_stack256(), (256,))
+    acc = numba.carray(_stack(256), (256,))
     for item in range(first, stop):
         image, p0, p1, block = items[item, 0], items[item, 1], items[item, 2], items[item, 3]
         xs = x[image].reshape(-1)
@@ -326,7 +304,7 @@ def pointwise_lanes(x, w, bias, z, out, epi, clamp, kind, first, stop):  # pragm
     has_z = z.size > 0
     zs = z.reshape(-1)
     ys = out.reshape(-1)
-    acc = numba.carray(_stack256(), (256,))
+    acc = numba.carray(_stack(256), (256,))
     stage = np.empty(pixels * LANE_BLOCK, np.float32)  # one block, pixel-major
     for item in range(first, stop):
         image, block = item // blocks, item % blocks

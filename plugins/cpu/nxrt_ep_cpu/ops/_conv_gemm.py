@@ -782,8 +782,11 @@ class _Tiles:
         self._warm(k, m, pixels)
 
     def pack(self, w: np.ndarray) -> np.ndarray:
-        """The weights, (filters, channels), packed for the kernel."""
-        return (self.kernels.pack_lanes if self.lanes else self.kernels.pack)(w)
+        """The weights, (filters, channels), packed for the kernel, from a cache line."""
+        packed = (self.kernels.pack_lanes if self.lanes else self.kernels.pack)(w)
+        aligned = _aligned(packed.shape)
+        aligned[:] = packed
+        return aligned
 
     def bias(self, b: np.ndarray | None) -> np.ndarray:
         """The bias padded to whole filter blocks (zeros for none), kept while it is the same
