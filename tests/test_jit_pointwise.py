@@ -74,6 +74,7 @@ SHAPES = {
     "lanes-batch": ((3, 200, 7, 7), 96),
     "lanes-17px": ((1, 8, 1, 17), 32),
     "lanes-one-pixel": ((1, 96, 1, 1), 24),  # squeeze-and-excitation's 1x1
+    "lanes-cut": ((1, 576, 7, 7), 96),  # three blocks for two threads: the map is cut
     "lanes-few-pixels": ((1, 20, 3, 3), 40),
 }
 #: The cases whose filters go in the lanes.
@@ -115,7 +116,16 @@ def test_tiled_pointwise_matches_the_reference(case):
 
 
 @pytest.mark.parametrize(
-    "case", ["49px", "chunk-tail", "batch", "many-channels", "lanes-batch", "lanes-partial-group"]
+    "case",
+    [
+        "49px",
+        "chunk-tail",
+        "batch",
+        "many-channels",
+        "lanes-batch",
+        "lanes-partial-group",
+        "lanes-cut",
+    ],
 )
 def test_tiled_pointwise_gives_the_same_bits_on_two_threads(case):
     xs, m = SHAPES[case]
@@ -226,9 +236,10 @@ def test_tiled_pointwise_in_a_session_matches_onnxruntime(shape, m, activation):
     assert "pointwise-tiled" in variants
 
 
-@pytest.mark.parametrize("n, pixels", [(1, (7, 7)), (1, (14, 14)), (2, (7, 7))])
+@pytest.mark.parametrize("n, pixels", [(1, (3, 3)), (1, (14, 14)), (2, (7, 7))])
 def test_channel_scale_is_applied_to_the_packed_weights(n, pixels):
-    """FusedConv's S (a squeeze-and-excitation gate folded in): ``conv(x * s, w)``."""
+    """FusedConv's S (a squeeze-and-excitation gate folded in): ``conv(x * s, w)``, the
+    smaller operand scaled: the input on a 3x3 map or for two images, else the weights."""
     x, w, b = rand(n, 48, *pixels, seed=1), rand(64, 48, 1, 1, seed=2), rand(64, seed=3)
     w.flags.writeable = False  # a constant: packed once
     kernel = ConvKernel({}, activation="HardSwish")

@@ -290,66 +290,67 @@ def _lane_tile(acc, xs, w, bias, m0, k, pixels, p0, count, halves):  # pragma: n
 
 
 @njit(fastmath=_FMA)
-def pointwise_lanes(x, w, bias, z, out, epi, clamp, kind, first, stop):  # pragma: no cover
-    """Items ``first..stop`` (over images x blocks of 32 filters) of a 1x1 convolution with
-    the filters in the lanes.
+def pointwise_lanes(x, w, bias, z, out, items, epi, clamp, kind, first, stop):  # pragma: no cover
+    """Items ``first..stop`` of a 1x1 convolution with the filters in the lanes.
 
-    ``x``: (images, channels, pixels); ``out`` and ``z``: (images,
-    filters, pixels), ``z`` of size 0 for no residual; ``w``: :func:`pack_lanes`'s blocks;
-    ``bias``: one per filter, padded with zeros to whole blocks.
+    As :func:`pointwise`, but ``w`` is :func:`pack_lanes`'s blocks, ``bias`` is padded to
+    whole blocks of those, and the items are (image, first pixel, stop pixel, block of 32
+    filters), with pixel ranges of any length.
     """
     k, pixels = x.shape[1], x.shape[2]
     m = out.shape[1]
-    blocks = w.shape[0]
     has_z = z.size > 0
     zs = z.reshape(-1)
     ys = out.reshape(-1)
     acc = numba.carray(_stack(256), (256,))
-    stage = np.empty(pixels * LANE_BLOCK, np.float32)  # one block, pixel-major
+    stage = np.empty(pixels * LANE_BLOCK, np.float32)  # one item, pixel-major
     for item in range(first, stop):
-        image, block = item // blocks, item % blocks
+        image, p0, p1, block = items[item, 0], items[item, 1], items[item, 2], items[item, 3]
         xs = x[image].reshape(-1)
         wb = w[block]
         m0 = block * LANE_BLOCK
         width = min(LANE_BLOCK, m - m0)
         halves = 2 if width > 16 else 1
-        p = 0
-        while p < pixels:
-            count = LANE_PIXELS if pixels - p >= LANE_PIXELS else 1
+        span = p1 - p0
+        p = p0
+        while p < p1:
+            count = LANE_PIXELS if p1 - p >= LANE_PIXELS else 1
             _lane_tile(acc, xs, wb, bias, m0, k, pixels, p, count, halves)
             for j in range(count):
-                _copy16(stage, (p + j) * LANE_BLOCK, acc, j * LANE_BLOCK)
+                _copy16(stage, (p - p0 + j) * LANE_BLOCK, acc, j * LANE_BLOCK)
                 if halves == 2:
-                    _copy16(stage, (p + j) * LANE_BLOCK + 16, acc, j * LANE_BLOCK + 16)
+                    _copy16(stage, (p - p0 + j) * LANE_BLOCK + 16, acc, j * LANE_BLOCK + 16)
             p += count
         # to the output's rows: whole groups of 16 filters by register transposes (the last
         # 16 pixels overlap the group before: no scalar tail), a partial group value by value
-        base = (image * m + m0) * pixels
+        base = (image * m + m0) * pixels + p0
         for g in range(0, width, 16):
             row = base + g * pixels
-            if g + 16 <= width and pixels >= 16:
-                for q in range(0, pixels, 16):
-                    q = min(q, pixels - 16)
+            if g + 16 <= width and span >= 16:
+                for q in range(0, span, 16):
+                    q = min(q, span - 16)
                     _transpose16(ys, row + q, pixels, stage, q * LANE_BLOCK + g, LANE_BLOCK)
             else:
                 for f in range(g, width):
-                    for q in range(pixels):
+                    for q in range(span):
                         ys[base + f * pixels + q] = stage[q * LANE_BLOCK + f]
-        first_value, stop_value = np.uint64(base), np.uint64(base + width * pixels)
-        if has_z:
-            for i in range(first_value, stop_value):
-                ys[i] += zs[i]
-        if clamp:
-            lo, hi = epi[0], epi[1]
-            for i in range(first_value, stop_value):
-                v = ys[i]
-                v = lo if v < lo else v
-                ys[i] = hi if v > hi else v
-        _activate(ys, first_value, stop_value, kind, epi[2], epi[3])
+        lo, hi = epi[0], epi[1]
+        for f in range(width):
+            first_value = np.uint64(base + f * pixels)
+            stop_value = first_value + np.uint64(span)
+            if has_z:
+                for i in range(first_value, stop_value):
+                    ys[i] += zs[i]
+            if clamp:
+                for i in range(first_value, stop_value):
+                    v = ys[i]
+                    v = lo if v < lo else v
+                    ys[i] = hi if v > hi else v
+            _activate(ys, first_value, stop_value, kind, epi[2], epi[3])
 
 
 @njit(fastmath=_FMA, parallel=True)
-def pointwise_lanes_team(x, w, bias, z, out, epi, clamp, kind, bounds):  # pragma: no cover
+def pointwise_lanes_team(x, w, bias, z, out, items, epi, clamp, kind, bounds):  # pragma: no cover
     """:func:`pointwise_lanes` over parts of items, as :func:`pointwise_team`."""
     for p in numba.prange(bounds.size - 1):
-        pointwise_lanes(x, w, bias, z, out, epi, clamp, kind, bounds[p], bounds[p + 1])
+        pointwise_lanes(x, w, bias, z, out, items, epi, clamp, kind, bounds[p], bounds[p + 1])

@@ -601,9 +601,9 @@ class Pointwise(GemmPlan):
 
     def run_scaled(self, x, w, b, z, s) -> np.ndarray:
         """``conv(x * s, w)`` for FusedConv's per-input-channel scale ``s`` (float32 tiles):
-        for one image the packed weights scaled along their channels, so that weights
-        packed once stay packed; for several, the input scaled."""
-        if self.x_shape[0] > 1:
+        the smaller operand scaled, for one image the packed weights along their channels
+        (weights packed once stay packed); for several images, the input."""
+        if self.x_shape[0] > 1 or x.size <= self.m * self.cg:
             return self._run_tiled(np.multiply(x, s.astype(x.dtype, copy=False)), w, b, z)
         return self._run_tiled(x, w, b, z, s.reshape(-1).astype(np.float32, copy=False))
 
@@ -722,10 +722,12 @@ class _Tiles:
     Pixels in the vector lanes (``jit/pointwise.py``'s :func:`pointwise`) by
     default: items of (image, pixel chunk, block of eight filters), chunk by chunk
     so that a chunk of input stays in cache while every filter block reads it.
-    Filters in the lanes (:func:`pointwise_lanes`; items of image x block of 32
-    filters) where tiles of 32 pixels would compute a sixth more than the map
-    has (7x7: 64 for 49) and blocks of 16 filters waste less. Either way the
-    items are split over the pool in equal runs.
+    Filters in the lanes (:func:`pointwise_lanes`; items of image, pixel range
+    and block of 32 filters, the map cut in ranges only where there are too few
+    blocks to share) where tiles of 32 pixels would compute a sixth more than
+    the map has (7x7: 64 for 49) and blocks of 16 filters waste less, and for
+    maps under 16 pixels. Either way the items are split over the pool in equal
+    runs.
     """
 
     def __init__(
@@ -763,21 +765,22 @@ class _Tiles:
         self.lanes = pixels < _TILE_PIXELS or (
             computed > _LANE_WASTE * pixels and -(-m // 16) * 16 < _LANE_WASTE * m
         )
-        if self.lanes:
-            self.rows = kernels.LANE_BLOCK
-            self.blocks = -(-m // self.rows)
-            self.items = np.zeros((0, 4), np.int64)
-            count = n * self.blocks
-        else:
-            self.rows = kernels.ROWS
-            self.blocks = -(-m // self.rows)
-            self.items = np.array(
-                [(i, p0, p1, t) for i in range(n) for p0, p1 in ranges for t in range(self.blocks)],
-                np.int64,
-            ).reshape(-1, 4)
-            count = len(self.items)
+        self.rows = kernels.LANE_BLOCK if self.lanes else kernels.ROWS
+        self.blocks = -(-m // self.rows)
         ns = n * m * k * pixels / _TILE_RATE
-        self.bounds = bounds(count, team if team > 1 and ns >= TEAM_NS else 1)
+        parts = team if team > 1 and ns >= TEAM_NS else 1
+        if self.lanes:
+            ranges = [[0, pixels]]  # no chunks: a tile reads 8 pixels' values of a channel
+        if (n * len(ranges) * self.blocks) % parts:
+            # items that do not share evenly over the threads: each range cut in as many
+            # pieces, at whole tiles (of 8 pixels, or 32 keeping 16 in each piece)
+            tile, least = (kernels.LANE_PIXELS, 1) if self.lanes else (kernels.WIDTH, 16)
+            ranges = [piece for r in ranges for piece in _cut(r, parts, tile, least)]
+        self.items = np.array(
+            [(i, p0, p1, t) for i in range(n) for p0, p1 in ranges for t in range(self.blocks)],
+            np.int64,
+        ).reshape(-1, 4)
+        self.bounds = bounds(len(self.items), parts)
         self._bias: tuple[Any, Any] = (None, None)
         self._warm(k, m, pixels)
 
@@ -805,15 +808,15 @@ class _Tiles:
         kernels, split = self.kernels, team > 1 and len(self.bounds) > 2
         if split:
             compiled("threads").size_team(team)
-        terms = (epi, clamp, kind)
+        terms = (self.items, epi, clamp, kind)
         if self.lanes and split:
             kernels.pointwise_lanes_team(x, wp, bias, z, out, *terms, self.bounds)
         elif self.lanes:
-            kernels.pointwise_lanes(x, wp, bias, z, out, *terms, 0, int(self.bounds[-1]))
+            kernels.pointwise_lanes(x, wp, bias, z, out, *terms, 0, len(self.items))
         elif split:
-            kernels.pointwise_team(x, wp, bias, z, out, self.items, *terms, self.bounds)
+            kernels.pointwise_team(x, wp, bias, z, out, *terms, self.bounds)
         else:
-            kernels.pointwise(x, wp, bias, z, out, self.items, *terms, 0, len(self.items))
+            kernels.pointwise(x, wp, bias, z, out, *terms, 0, len(self.items))
 
     def _warm(self, k: int, m: int, pixels: int) -> None:
         """Compile the kernels (or load them from the disk cache) now, while the session is
@@ -822,15 +825,27 @@ class _Tiles:
         wp = np.zeros((self.blocks, k * self.rows), np.float32)
         args = (x, wp, self.bias(None), _NONE3, np.zeros((0, m, pixels), np.float32))
         kernels, split, none = self.kernels, len(self.bounds) > 2, np.zeros(2, np.int64)
-        terms = (self.plain, False, self.none)
+        terms = (self.items, self.plain, False, self.none)
         if self.lanes:
             kernels.pointwise_lanes(*args, *terms, 0, 0)
             if split:
                 kernels.pointwise_lanes_team(*args, *terms, none)
         else:
-            kernels.pointwise(*args, self.items, *terms, 0, 0)
+            kernels.pointwise(*args, *terms, 0, 0)
             if split:
-                kernels.pointwise_team(*args, self.items, *terms, none)
+                kernels.pointwise_team(*args, *terms, none)
+
+
+def _cut(span: list[int], parts: int, tile: int, least: int) -> list[list[int]]:
+    """``span`` ([first, stop) pixels) in up to ``parts`` near-equal pieces whose inner edges
+    fall on multiples of ``tile`` from its start, each at least ``least`` long."""
+    p0, p1 = span
+    tiles = (p1 - p0) / tile
+    edges = [p0 + round(i * tiles / parts) * tile for i in range(parts)] + [p1]
+    pieces = [[a, b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    if any(b - a < least for a, b in pieces):
+        return [span]
+    return pieces
 
 
 def _tiled_pixels(count: int, width: int) -> int:
