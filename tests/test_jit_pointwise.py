@@ -250,3 +250,33 @@ def test_channel_scale_is_applied_to_the_packed_weights(n, pixels):
         got = kernel.run(x, w, b, None, s)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert kernel.variant == "pointwise-tiled"
+
+
+# -- patch embeddings: kernel and stride equal ---------------------------------------------------
+
+PATCHES = {
+    "convnext-stem": ((1, 3, 32, 32), (24, 3, 4, 4)),
+    "vit-like": ((2, 3, 32, 48), (40, 3, 16, 16)),
+    "leftover-rows": ((1, 5, 30, 31), (9, 5, 4, 4)),  # the last 2 and 3 are in no window
+    "one-d": ((2, 6, 40), (12, 6, 4)),
+    "non-square": ((1, 4, 12, 12), (8, 4, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PATCHES))
+def test_patch_embeddings_match_the_reference(case):
+    from nxrt_ep_cpu.ops._conv_reference import conv_windows, convolve
+
+    xs, ws = PATCHES[case]
+    attrs = dict(strides=list(ws[2:]))
+    x, w, b = rand(*xs, seed=1), rand(*ws, seed=2), rand(ws[0], seed=3)
+    w.flags.writeable = False
+    win = conv_windows(x.shape, w.shape, **attrs)
+    want = convolve(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), win, 1)
+    z = rand(*want.shape, seed=4)
+    for threads in (1, 2):
+        y, variant = run(x, w, b, threads=threads, attrs=attrs)
+        assert variant == "patches"
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+        y, _ = run(x, w, b, z, threads=threads, attrs=attrs, activation="Clip", params=(0, 0.5))
+        np.testing.assert_allclose(y, np.clip(want + z, 0, 0.5), rtol=1e-5, atol=1e-5)

@@ -12,6 +12,8 @@ the others take the first of :data:`VARIANTS` that suits them:
 * :class:`Pointwise`: a 1x1 kernel without padding is one GEMM per image on
   the input as it is (strided pixels gathered first); several small maps go
   into one GEMM's columns, or through numpy's batched matmul for few channels;
+* :class:`Patches` (float32): kernel and stride equal, no padding (patch
+  embeddings): the input rearranged as columns, then :class:`Pointwise`'s tiles;
 * :class:`Blocked` (float32): one filter per channel on maps up to
   ``_BLOCKED_WIDTH`` wide, 16 channels at a time in channels-last, each
   output pixel's 16 channels one vector register (``jit/conv.py``); from
@@ -716,6 +718,70 @@ class Pointwise(GemmPlan):
         return columns if self.batch == "columns" else matmul
 
 
+class Patches(GemmPlan):
+    """Kernel and stride equal, no padding, one group, float32 (a patch embedding: ConvNeXt's
+    4x4 stem, ViT's 16x16): the windows tile the input, so the columns are the input
+    itself, rearranged, and the convolution is a 1x1 one on them (:class:`Pointwise`'s
+    register tiles)."""
+
+    variant = "patches"
+    padded = False
+
+    @classmethod
+    def suits(cls, shape: ConvShape) -> str:
+        win = shape.win
+        if shape.dtype != np.float32 or shape.group != 1 or win.taps == 1:
+            return ""
+        if (
+            win.kernel != win.strides
+            or any(win.begin)
+            or any(win.end)
+            or any(d != 1 for d in win.dilations)
+        ):
+            return ""
+        kh, kw = win.kernel
+        return (
+            f"{kh}x{kw} patches side by side: the input rearranged as columns, then the "
+            "1x1 kernel's register tiles"
+        )
+
+    def __init__(self, shape: ConvShape, reason: str, kernel: ConvKernel) -> None:
+        super().__init__(shape, reason, kernel)
+        n, c = shape.x[:2]
+        (ho, wo), (kh, kw) = shape.win.out, shape.win.kernel
+        self.k = c * kh * kw
+        columns = (n, self.k, ho, wo)
+        win = conv_windows(columns, (self.m, self.k, 1, 1))
+        inner = ConvShape.of(columns, (self.m, self.k, 1, 1), shape.dtype, win, 1)
+        self.inner = Pointwise(inner, reason, kernel)
+        self.window = (kh, kw)
+        self._flat: tuple[Any, Any] = (None, None)
+
+    def prepare(self, w: np.ndarray) -> np.ndarray:
+        return w  # the inner plan packs the weights
+
+    def run(self, x, w, b, z) -> np.ndarray:
+        if self.one_d:
+            x = x[:, :, None, :]
+            z = z[:, :, None, :] if z is not None and z.ndim == 3 else z
+        n, c = x.shape[:2]
+        (kh, kw), (ho, wo) = self.window, self.out_shape[2:]
+        patches = x[:, :, : ho * kh, : wo * kw].reshape(n, c, ho, kh, wo, kw)
+        columns = np.ascontiguousarray(patches.transpose(0, 1, 3, 5, 2, 4))
+        y = self.inner.run(columns.reshape(n, self.k, ho, wo), self._flat_weights(w), b, z)
+        return y[:, :, 0, :] if self.one_d else y
+
+    def _flat_weights(self, w: np.ndarray) -> np.ndarray:
+        """``w`` as 1x1 weights, the same array for the same constant (so the inner plan's
+        packed copy is kept)."""
+        source, flat = self._flat
+        if source is not w:
+            flat = w.reshape(self.m, self.k, 1, 1)
+            if not w.flags.writeable:
+                self._flat = (w, flat)
+        return flat
+
+
 class _Tiles:
     """The work of :class:`Pointwise`'s register-tiled kernels for one input shape.
 
@@ -1409,7 +1475,15 @@ class Taps(GemmPlan):
 
 #: The GEMM variants, in the order they are tried: the first that suits a shape is chosen
 #: (a 1x1 depthwise convolution is pointwise; :class:`Taps` suits every shape).
-VARIANTS: tuple[type[GemmPlan], ...] = (Pointwise, Blocked, Direct, Depthwise, Im2col, Taps)
+VARIANTS: tuple[type[GemmPlan], ...] = (
+    Pointwise,
+    Patches,
+    Blocked,
+    Direct,
+    Depthwise,
+    Im2col,
+    Taps,
+)
 
 
 # -- the pieces the variants share --------------------------------------------------------------
