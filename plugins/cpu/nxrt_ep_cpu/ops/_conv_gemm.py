@@ -558,6 +558,11 @@ class Pointwise(GemmPlan):
             self.tiles = _Tiles(
                 n, self.cg, self.m, pixels, self.team, kernel.clamp, kernel.activation
             )
+            #: Strided pixels (a view to gather) or a 1-D input; the output's shape as returned.
+            self.strided = any(st > 1 for st in self.strides)
+            self.final_shape = (
+                self.out_shape[:2] + self.out_shape[3:] if self.one_d else self.out_shape
+            )
             self.variant = "pointwise-tiled"
             self.reason = (
                 "1x1 kernel without padding, float32: eight filters by 32 pixels in registers "
@@ -612,38 +617,36 @@ class Pointwise(GemmPlan):
     def _run_tiled(self, x, w, b, z, scale=None) -> np.ndarray:
         """The register-tiled kernel: ``out = act(w @ x + b + z)`` per image in one pass
         (``scale``: one image's channel scale, applied to the packed weights)."""
-        if self.one_d:
-            x = x[:, :, None, :]
-        if any(s > 1 for s in self.strides):
+        tiles = self.tiles
+        if self.strided:
+            if self.one_d:
+                x = x[:, :, None, :]
             sh, sw = self.strides
             x = x[:, :, ::sh, ::sw]
-        n, m, pixels = self.x_shape[0], self.m, self.pixels
-        source = np.ascontiguousarray(x, np.float32).reshape(n, self.cg, pixels)
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, np.float32)
+        source = x.reshape(tiles.x_shape)
         wp = self._prepared(w)
         if scale is not None:
             blocks = wp.shape[0]
             wp = (wp.reshape(blocks, self.cg, -1) * scale.reshape(1, -1, 1)).reshape(blocks, -1)
-        out = np.empty(self.out_shape, np.float32)
-        residual, late_z = _residual(z, self.out_shape, self.one_d, (n, m, pixels))
-        early = late_z is None  # the fused activation applies in the kernel
-        clamp = self.clamp is not None and early
-        kind = self.tiles.kind if early else self.tiles.none
-        self.tiles.run(
-            source,
-            wp,
-            self.tiles.bias(b),
-            residual,
-            out.reshape(n, m, pixels),
-            self.tiles.epilogue if clamp or kind != self.tiles.none else self.tiles.plain,
-            clamp,
-            kind,
-            self.active_team(),
-        )
+        out = np.empty(tiles.out_shape, np.float32)
+        if z is None:
+            residual, late_z, clamp, kind = _NONE3, None, tiles.clamp, tiles.kind
+        else:
+            residual, late_z = _residual(z, self.out_shape, self.one_d, tiles.out_shape)
+            early = late_z is None  # the fused activation applies in the kernel
+            clamp = tiles.clamp and early
+            kind = tiles.kind if early else tiles.none
+        epilogue = tiles.epilogue if clamp or kind != tiles.none else tiles.plain
+        team = self.active_team()
+        tiles.run(source, wp, tiles.bias(b), residual, out, epilogue, clamp, kind, team)
+        y = out.reshape(self.final_shape)
         if late_z is not None:
-            np.add(out, late_z, out=out)
-        if self.act is not None and not clamp and kind == self.tiles.none:
-            self.act(out)
-        return out[:, :, 0, :] if self.one_d else out
+            np.add(y, late_z, out=y)
+        if self.act is not None and not clamp and kind == tiles.none:
+            self.act(y)
+        return y
 
     def prepare(self, w: np.ndarray) -> np.ndarray:
         if self.tiles is not None:
@@ -822,6 +825,9 @@ class _Tiles:
         #: The kernel's float32 parameters: the clamp's bounds and the activation's.
         self.epilogue = np.array([lo, hi, a, b], np.float32)
         self.plain = np.zeros(4, np.float32)
+        #: Whether the kernel clamps (Relu, Clip), and the shapes it reads and writes.
+        self.clamp = clamp is not None
+        self.x_shape, self.out_shape = (n, k, pixels), (n, m, pixels)
         chunk = max(_TILE_MIN_CHUNK, _TILE_CHUNK // k // kernels.WIDTH * kernels.WIDTH)
         ranges = [[p, min(pixels, p + chunk)] for p in range(0, pixels, chunk)]
         if len(ranges) > 1 and ranges[-1][1] - ranges[-1][0] < _TILE_PIXELS:
