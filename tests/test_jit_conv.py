@@ -188,6 +188,10 @@ def test_depthwise_matches_the_reference(case, bias):
         ("Clip", (), lambda y: np.clip(y, np.finfo(np.float32).min, np.finfo(np.float32).max)),
         ("LeakyRelu", (0.1,), lambda y: np.where(y < 0, 0.1 * y, y)),
         ("Sigmoid", (), lambda y: 1 / (1 + np.exp(-y))),
+        # applied by the kernels as they write, like the clamp (``elementwise.FUSED``)
+        ("Swish", (), lambda y: y / (1 + np.exp(-y))),
+        ("HardSwish", (), lambda y: y * np.clip(y / 6 + 0.5, 0, 1)),
+        ("HardSigmoid", (0.3, 0.4), lambda y: np.clip(0.3 * y + 0.4, 0, 1)),
     ],
 )
 def test_depthwise_fuses_residual_and_activation(case, activation, params, apply):
@@ -196,6 +200,8 @@ def test_depthwise_fuses_residual_and_activation(case, activation, params, apply
     z = rand(*reference(x, w, b, attrs).shape, seed=4)
     got, _ = run_kernel(x, w, b, attrs, z=z, activation=activation, params=params)
     assert_close(got, reference(x, w, b, attrs, z, apply))
+    split, _ = run_kernel(x, w, b, attrs, z=z, activation=activation, params=params, threads=2)
+    np.testing.assert_array_equal(split, got)
     broadcast = z[:1, :, :1]  # a residual that broadcasts is added after the convolution
     got, _ = run_kernel(x, w, None, attrs, z=broadcast, activation=activation, params=params)
     assert_close(got, reference(x, w, None, attrs, broadcast, apply))
@@ -289,6 +295,8 @@ def test_direct_fuses_residual_and_activation(case, threads):
     assert_close(got, reference(x, w, b, attrs, z, RELU[2]), tol=5e-5)
     got, _ = run_kernel(x, w, b, attrs, z=z, activation="Tanh", threads=threads)
     assert_close(got, reference(x, w, b, attrs, z, np.tanh), tol=5e-5)
+    got, _ = run_kernel(x, w, b, attrs, z=z, activation="Swish", threads=threads)
+    assert_close(got, reference(x, w, b, attrs, z, lambda y: y / (1 + np.exp(-y))), tol=5e-5)
 
 
 def test_direct_splits_filters_across_the_pool_for_one_image():

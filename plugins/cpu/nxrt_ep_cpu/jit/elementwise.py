@@ -51,6 +51,9 @@ RELU, CLIP, LEAKY_RELU, SIGMOID, TANH, ERF, GELU, FAST_GELU = range(8)
 SWISH, HARD_SIGMOID, HARD_SWISH = range(8, 11)
 #: No activation: the bias add alone.
 NONE = -1
+#: The activations the 1x1 convolution kernels apply themselves as they write their output
+#: (:func:`activate_range`; Relu and Clip are their clamp).
+FUSED = frozenset({SIGMOID, SWISH, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU})
 
 #: Activation names (the ``activation`` attribute of the fused ops; ONNX op names, and
 #: ONNX Runtime's ``FastGelu`` for GELU's tanh approximation) and their codes.
@@ -201,6 +204,28 @@ def _apply_overload(v, kind, a, b):  # pragma: no cover - numba typing
     if not isinstance(kind, types.IntegerLiteral):
         raise TypingError("the activation kind must be a compile-time constant")
     return _SCALARS[kind.literal_value]
+
+
+@inline
+def activate_range(ys, first, stop, kind, a, b):  # pragma: no cover - numba
+    """Activation ``kind`` (one of :data:`FUSED`, or :data:`NONE`) in place on
+    ``ys[first:stop]``, for kernels that apply it to a piece of their output while it is in
+    cache: a vectorized loop per activation, the code chosen once per call."""
+    if kind == SWISH:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], SWISH, a, b)
+    elif kind == HARD_SWISH:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], HARD_SWISH, a, b)
+    elif kind == SIGMOID:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], SIGMOID, a, b)
+    elif kind == HARD_SIGMOID:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], HARD_SIGMOID, a, b)
+    elif kind == LEAKY_RELU:
+        for i in range(first, stop):
+            ys[i] = _apply(ys[i], LEAKY_RELU, a, b)
 
 
 @functools.cache

@@ -35,19 +35,9 @@ from nxrt_ep_cpu.jit.conv import (
     _transpose16,
     _vector_at,
 )
-from nxrt_ep_cpu.jit.elementwise import (
-    HARD_SIGMOID,
-    HARD_SWISH,
-    LEAKY_RELU,
-    NONE,
-    SIGMOID,
-    SWISH,
-    _apply,
-)
+from nxrt_ep_cpu.jit.elementwise import NONE
+from nxrt_ep_cpu.jit.elementwise import activate_range as _activate
 
-#: The activations (``jit/elementwise.py``'s codes) the kernels apply as they write a tile
-#: (Relu and Clip are their clamp; the others run after, on the whole output).
-FUSED = frozenset({SIGMOID, SWISH, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU})
 #: Multiplies and adds may become FMAs (as in the activation loops); nothing else changes.
 _FMA = {"contract"}
 #: Filters per block: the rows of one register tile.
@@ -115,27 +105,6 @@ def _add16(typingctx, acc, at, z, zi):  # pragma: no cover - numba typing
     return signature, codegen
 
 
-@inline
-def _activate(ys, first, stop, kind, a, b):  # pragma: no cover - numba
-    """Activation ``kind`` (one of :data:`FUSED`, or :data:`NONE`) in place on
-    ``ys[first:stop]``: a vectorized loop per activation, the code chosen once per call."""
-    if kind == SWISH:
-        for i in range(first, stop):
-            ys[i] = _apply(ys[i], SWISH, a, b)
-    elif kind == HARD_SWISH:
-        for i in range(first, stop):
-            ys[i] = _apply(ys[i], HARD_SWISH, a, b)
-    elif kind == SIGMOID:
-        for i in range(first, stop):
-            ys[i] = _apply(ys[i], SIGMOID, a, b)
-    elif kind == HARD_SIGMOID:
-        for i in range(first, stop):
-            ys[i] = _apply(ys[i], HARD_SIGMOID, a, b)
-    elif kind == LEAKY_RELU:
-        for i in range(first, stop):
-            ys[i] = _apply(ys[i], LEAKY_RELU, a, b)
-
-
 def pack(w: np.ndarray) -> np.ndarray:
     """``w`` (filters, channels) as blocks of :data:`ROWS` filters, channel-major: block
     ``t``'s weights of channel ``c`` at ``[t, c * ROWS : (c + 1) * ROWS]`` (zero filters
@@ -195,7 +164,7 @@ def pointwise(x, w, bias, z, out, items, epi, clamp, kind, first, stop):  # prag
     of size 0 for no residual; ``w``: :func:`pack`'s blocks; ``bias``: one per filter,
     padded with zeros to whole blocks; ``items``: rows of (image, first pixel, stop pixel,
     filter block), each pixel range at least 16 long; ``epi``: the clamp's bounds and the
-    activation's two parameters (float32); ``kind``: one of :data:`FUSED` or ``NONE``.
+    activation's two parameters (float32); ``kind``: one of ``elementwise.FUSED`` or ``NONE``.
     """
     k, pixels = x.shape[1], x.shape[2]
     m = out.shape[1]

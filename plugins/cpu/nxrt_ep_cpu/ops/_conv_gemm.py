@@ -810,17 +810,13 @@ class _Tiles:
         activation: tuple[str, Sequence[float]],
     ) -> None:
         from nxrt_ep_cpu.jit import pointwise as kernels
-        from nxrt_ep_cpu.jit.elementwise import CODES, NONE, Activation
+        from nxrt_ep_cpu.jit.elementwise import NONE
         from nxrt_ep_cpu.jit.threads import TEAM_NS, bounds
 
         self.kernels = kernels
         #: The activation the kernel applies as it writes (``none``: a clamp, or none).
         self.none = NONE
-        name, params = activation
-        fused = CODES.get(name) in kernels.FUSED
-        compiled = Activation(name, params) if fused else None
-        self.kind = compiled.kind if fused else self.none
-        a, b = (compiled.a, compiled.b) if fused else (0.0, 0.0)
+        self.kind, a, b = _fused_activation(activation)
         lo, hi = clamp if clamp is not None else (0.0, 0.0)
         #: The kernel's float32 parameters: the clamp's bounds and the activation's.
         self.epilogue = np.array([lo, hi, a, b], np.float32)
@@ -906,6 +902,18 @@ class _Tiles:
             kernels.pointwise(*args, *terms, 0, 0)
             if split:
                 kernels.pointwise_team(*args, *terms, none)
+
+
+def _fused_activation(activation: tuple[str, Sequence[float]]) -> tuple[int, float, float]:
+    """The code and two float32 parameters of an activation the compiled 1x1 kernels apply
+    themselves (``jit/elementwise.py``'s ``FUSED``), or ``NONE``'s."""
+    from nxrt_ep_cpu.jit.elementwise import CODES, FUSED, NONE, Activation
+
+    name, params = activation
+    if CODES.get(name) not in FUSED:
+        return NONE, 0.0, 0.0
+    compiled = Activation(name, params)
+    return compiled.kind, float(compiled.a), float(compiled.b)
 
 
 def _cut(span: list[int], parts: int, tile: int, least: int) -> list[list[int]]:
@@ -1082,9 +1090,10 @@ class Direct(GemmPlan):
         act = None if self.clamp is not None or late_z is not None else self.act
         pixels = planes.shape[1] * planes.shape[2]
         flat = planes.reshape(-1)
+        terms = (x, wp, bias, residual, planes, geometry, lo, hi)
 
         def work(part: range) -> None:
-            self._launch(x, wp, bias, residual, planes, geometry, lo, hi, part)
+            self._launch(*terms, part)
             if act is not None:
                 first, stop = self._plane(part.start), self._plane(part.stop)
                 act(flat[first * pixels : stop * pixels])
@@ -1092,7 +1101,7 @@ class Direct(GemmPlan):
         if len(self.ranges) > 1 and self.team > 1:
             if self.active_team() > 1:
                 compiled("threads").size_team(self.team)
-                self._launch_team(x, wp, bias, residual, planes, geometry, lo, hi, self.bounds)
+                self._launch_team(*terms, self.bounds)
                 if act is not None:
                     act(flat)
             else:
