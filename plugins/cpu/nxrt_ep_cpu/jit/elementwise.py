@@ -136,10 +136,11 @@ def _leaky_relu(v, kind, a, b):  # pragma: no cover - compiled by numba
 
 
 def _sigmoid(v, kind, a, b):  # pragma: no cover - compiled by numba
-    # 1 / (1 + e**-x) directly: e**-x overflows to inf for x < -88.7, giving the right 0,
-    # and nothing cancels; 10% faster than mathf.sigmoid's two-sided form, as accurate
+    # 1 / (1 + e**-x) directly: e**-x overflows to inf for x < -88, giving the right 0,
+    # and nothing cancels; faster than mathf.sigmoid's two-sided form, as accurate
     # (2.2 ulps), and it keeps the results below mathf.exp's range that that form drops
-    return _ONE / (_ONE + mathf.exp(-v))
+    s = _ONE / (_ONE + mathf.exp_clamped(-v))
+    return s if v == v else v
 
 
 def _tanh(v, kind, a, b):  # pragma: no cover - compiled by numba
@@ -161,7 +162,8 @@ def _fast_gelu(v, kind, a, b):  # pragma: no cover - compiled by numba
 
 
 def _swish(v, kind, a, b):  # pragma: no cover - compiled by numba
-    return v / (_ONE + mathf.exp(-a * v))  # x sigmoid(alpha x), one division
+    s = v / (_ONE + mathf.exp_clamped(-a * v))  # x sigmoid(alpha x), one division
+    return s if v == v else v
 
 
 def _hard_sigmoid(v, kind, a, b):  # pragma: no cover - compiled by numba
