@@ -9,9 +9,12 @@ cropping pads, empty tensors) run the reference convolution
 (:func:`~nxrt_ep_cpu.ops._conv_reference.convolve`, variant ``generic``);
 the others take the first of :data:`VARIANTS` that suits them:
 
-* :class:`Pointwise`: a 1x1 kernel without padding is one GEMM per image on
-  the input as it is (strided pixels gathered first); several small maps go
-  into one GEMM's columns, or through numpy's batched matmul for few channels;
+* :class:`Pointwise`: a 1x1 kernel without padding; in float32 with one
+  group, register tiles on weights packed once (``jit/pointwise.py``: the
+  bias, residual and activation applied as each tile is written); otherwise
+  one GEMM per image on the input as it is (strided pixels gathered first),
+  several small maps in one GEMM's columns, or numpy's batched matmul for few
+  channels;
 * :class:`Patches` (float32): kernel and stride equal, no padding (patch
   embeddings): the input rearranged as columns, then :class:`Pointwise`'s tiles;
 * :class:`Blocked` (float32): one filter per channel on maps up to
