@@ -105,16 +105,17 @@ def _add16(typingctx, acc, at, z, zi):  # pragma: no cover - numba typing
     return signature, codegen
 
 
-def pack(w: np.ndarray) -> np.ndarray:
-    """``w`` (filters, channels) as blocks of :data:`ROWS` filters, channel-major: block
-    ``t``'s weights of channel ``c`` at ``[t, c * ROWS : (c + 1) * ROWS]`` (zero filters
-    pad the last block)."""
+def pack(w: np.ndarray, rows: int = ROWS) -> np.ndarray:
+    """``w`` (filters, channels) as blocks of ``rows`` filters, channel-major: block ``t``'s
+    weights of channel ``c`` at ``[t, c * rows : (c + 1) * rows]`` (zero filters pad the
+    last block). :data:`ROWS` for :func:`pointwise`, :data:`LANE_BLOCK` for
+    :func:`pointwise_lanes`."""
     m, k = w.shape
-    blocks = -(-m // ROWS)
-    padded = np.zeros((blocks * ROWS, k), np.float32)
+    blocks = -(-m // rows)
+    padded = np.zeros((blocks * rows, k), np.float32)
     padded[:m] = w
-    return np.ascontiguousarray(padded.reshape(blocks, ROWS, k).transpose(0, 2, 1)).reshape(
-        blocks, k * ROWS
+    return np.ascontiguousarray(padded.reshape(blocks, rows, k).transpose(0, 2, 1)).reshape(
+        blocks, k * rows
     )
 
 
@@ -204,7 +205,7 @@ def pointwise_team(x, w, bias, z, out, items, epi, clamp, kind, bounds):  # prag
 #
 # On a 7x7 map, 49 pixels fill 64 lanes (the tiles above compute 15 pixels twice). There
 # the lanes hold filters instead: a tile is 32 filters (two vectors of the weights, packed
-# filter-minor by :func:`pack_lanes`) by 8 pixels, each pixel's input value broadcast, and
+# filter-minor by :func:`pack`) by 8 pixels, each pixel's input value broadcast, and
 # a last pixel or few take one-pixel tiles, so no pixel is computed twice. A block's tiles
 # land pixel-major in a small buffer, which 16x16 register transposes move to the output's
 # rows, then the residual and the clamp are applied to those rows while they are in cache.
@@ -212,19 +213,6 @@ def pointwise_team(x, w, bias, z, out, items, epi, clamp, kind, bounds):  # prag
 #: Filters per block of the filter-lanes kernel, and pixels per tile.
 LANE_BLOCK = 32
 LANE_PIXELS = 8
-
-
-def pack_lanes(w: np.ndarray) -> np.ndarray:
-    """``w`` (filters, channels) as blocks of :data:`LANE_BLOCK` filters: block ``t``'s
-    filters of channel ``c`` at ``[t, c * LANE_BLOCK : (c + 1) * LANE_BLOCK]`` (zero filters
-    pad the last block)."""
-    m, k = w.shape
-    blocks = -(-m // LANE_BLOCK)
-    padded = np.zeros((blocks * LANE_BLOCK, k), np.float32)
-    padded[:m] = w
-    return np.ascontiguousarray(padded.reshape(blocks, LANE_BLOCK, k).transpose(0, 2, 1)).reshape(
-        blocks, k * LANE_BLOCK
-    )
 
 
 @inline
@@ -262,9 +250,9 @@ def _lane_tile(acc, xs, w, bias, m0, k, pixels, p0, count, halves):  # pragma: n
 def pointwise_lanes(x, w, bias, z, out, items, epi, clamp, kind, first, stop):  # pragma: no cover
     """Items ``first..stop`` of a 1x1 convolution with the filters in the lanes.
 
-    As :func:`pointwise`, but ``w`` is :func:`pack_lanes`'s blocks, ``bias`` is padded to
-    whole blocks of those, and the items are (image, first pixel, stop pixel, block of 32
-    filters), with pixel ranges of any length.
+    As :func:`pointwise`, but ``w`` is :func:`pack`'s blocks of :data:`LANE_BLOCK` filters,
+    ``bias`` is padded to whole blocks of those, and the items are (image, first pixel, stop
+    pixel, block of 32 filters), with pixel ranges of any length.
     """
     k, pixels = x.shape[1], x.shape[2]
     m = out.shape[1]

@@ -857,7 +857,7 @@ class _Tiles:
 
     def pack(self, w: np.ndarray) -> np.ndarray:
         """The weights, (filters, channels), packed for the kernel, from a cache line."""
-        packed = (self.kernels.pack_lanes if self.lanes else self.kernels.pack)(w)
+        packed = self.kernels.pack(w, self.rows)
         aligned = _aligned(packed.shape)
         aligned[:] = packed
         return aligned
