@@ -95,25 +95,17 @@ def test_split_gives_contiguous_near_equal_ranges() -> None:
 
 
 @needs_blas
-def test_blas_limits_cap_blas_threads() -> None:
+def test_blas_limits_hold_blas_at_one_thread() -> None:
+    """BLAS's own threads split a product by their count, so sessions never use them."""
     before = blas_threads()
-    with HostParallel(1) as pool:
-        with pool.blas_limits() as limit:
-            assert limit == 1
-            assert blas_threads() == [1] * len(before)
-    assert blas_threads() == before
-    with HostParallel(2) as pool:
-        with pool.blas_limits() as limit:
-            assert limit == 2
-            assert blas_threads() == [min(2, n) for n in before]
-        seen = pool.map(lambda _: blas_threads(), range(4))
-        assert seen == [[1] * len(before)] * 4, "BLAS gets one thread per busy pool thread"
-
-        def inside(_: int) -> int:
+    for threads in (1, 2):
+        with HostParallel(threads) as pool:
             with pool.blas_limits() as limit:
-                return limit
-
-        assert pool.map(inside, range(2)) == [1, 1]
+                assert limit == 1
+                assert blas_threads() == [1] * len(before)
+    with HostParallel(2) as pool:
+        seen = pool.map(lambda _: blas_threads(), range(4))
+        assert seen == [[1] * len(before)] * 4, "one BLAS thread in each busy pool thread"
     assert blas_threads() == before
 
 
@@ -145,14 +137,15 @@ def test_run_limits_settle_on_the_faster_blas_thread_count() -> None:
 
 
 @needs_blas
-def test_run_limits_yield_one_of_the_two_counts() -> None:
+def test_run_limits_hold_blas_and_choose_one_of_the_two_team_sizes() -> None:
     with HostParallel(2) as pool:
-        counts = set()
-        for _ in range(32):  # every 16th run tries the other count
+        teams = set()
+        for _ in range(40):  # every 16th run tries the other count
             with pool.run_limits() as limit:
-                counts.add(limit)
-                assert max(blas_threads()) <= limit
-        assert counts == {1, 2}
+                assert limit == 1 and max(blas_threads()) == 1
+                teams.add(pool.active_threads)
+            assert pool.active_threads == 2
+        assert teams == {1, 2}
 
 
 @needs_blas
@@ -174,14 +167,12 @@ def test_a_held_cap_makes_runs_set_nothing(monkeypatch) -> None:
     before = blas_threads()
     with HostParallel(2) as pool:
         pool.hold_blas()
-        assert blas_threads() == [min(2, n) for n in before]
-        for count in (2, 2, 2, 1, 1, 1):  # two threads measured faster (first runs dropped)
-            pool._chooser.record(count, 0.01 if count == 2 else 0.03)
+        assert blas_threads() == [1] * len(before)
         calls: list[int] = []
         monkeypatch.setattr(_governor, "acquire", calls.append)
         for _ in range(10):
             with pool.run_limits() as limit:
-                assert limit == 2
+                assert limit == 1
         assert calls == []
         monkeypatch.undo()
     assert blas_threads() == before, "closing the pool ends its cap"
@@ -211,20 +202,3 @@ def test_a_session_holds_its_cap_until_it_is_collected() -> None:
     del session
     gc.collect()
     assert not _governor._caps
-
-
-def test_keep_blas_serial_caps_every_run_at_one_thread():
-    with HostParallel(2) as parallel:
-        parallel.keep_blas_serial()
-        assert parallel.blas_threads == 1
-        seen = set()
-        for _ in range(40):  # BLAS stays at one thread; the pool's team is chosen per run
-            with parallel.run_limits() as limit:
-                assert limit == 1
-                seen.add(parallel.active_threads)
-            assert parallel.active_threads == 2
-        assert seen == {1, 2}
-        parallel.hold_blas()
-        with parallel.run_limits() as limit:
-            assert limit == 1
-        parallel.release_blas()

@@ -1,5 +1,5 @@
 """The cpu EP's own pool (``jit/threads.py``): split GEMMs and batches against numpy, the
-session's BLAS held at one thread while the pool runs, and serial kernels after a fork."""
+same bits whatever threads take the parts, and serial kernels after a fork."""
 
 from __future__ import annotations
 
@@ -33,8 +33,27 @@ def test_split_gemm_matches_numpy(m, k, n, beta, layout):
         b = np.ascontiguousarray(b.T).T
     c = _random(m, n)
     want = a.astype(np.float64) @ b + beta * c
-    assert threads.gemm(a, b, c, beta, 2)
+    serial = c.copy()
+    assert threads.gemm(a, b, c, beta, 2, 2)
     np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-3)
+    assert threads.gemm(a, b, serial, beta, 2, 1)
+    np.testing.assert_array_equal(serial, c, "one thread takes the same parts in turn")
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 2048, 1000), (49, 576, 64), (300, 64, 12)])
+def test_the_threads_taking_the_parts_never_change_the_bits(parts, m, k, n):
+    a, b = _random(m, k), _random(k, n)
+    results = []
+    for count in (1, 2, parts):
+        c = np.empty((m, n), np.float32)
+        assert threads.gemm(a, b, c, 0.0, parts, count)
+        results.append(c)
+    for c in results[1:]:
+        np.testing.assert_array_equal(c, results[0])
+    batch_a, batch_b = _random(6, m, k), _random(6, k, n)
+    batches = [threads.matmul(batch_a, batch_b, parts, count) for count in (1, 2)]
+    np.testing.assert_array_equal(batches[0], batches[1])
 
 
 def test_a_row_times_a_matrix_splits_along_the_depth_keeping_equal_columns_equal():
@@ -43,15 +62,16 @@ def test_a_row_times_a_matrix_splits_along_the_depth_keeping_equal_columns_equal
     a = np.full((1, 2048), 3.7e15, np.float32) * (1 + RNG.random((1, 2048), np.float32))
     b = np.full((2048, 1000), 0.013, np.float32)
     c = np.empty((1, 1000), np.float32)
-    assert threads.gemm(a, b, c, 0.0, 2)
+    assert threads.gemm(a, b, c, 0.0, 2, 2)
     assert np.ptp(c) == 0.0
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5)
 
 
 def test_gemm_declines_what_it_does_not_split():
-    assert not threads.gemm(_random(4, 4), _random(4, 4), np.zeros((4, 4), np.float32), 0.0, 2)
-    assert not threads.gemm(_random(64, 64), _random(64, 64), np.zeros((64, 64)), 0.0, 2)
-    assert not threads.gemm(_random(64, 64), _random(64, 64), np.zeros((64, 64), np.float32), 0, 1)
+    assert not threads.gemm(_random(4, 4), _random(4, 4), np.zeros((4, 4), np.float32), 0.0, 2, 2)
+    assert not threads.gemm(_random(64, 64), _random(64, 64), np.zeros((64, 64)), 0.0, 2, 2)
+    one_part = np.zeros((64, 64), np.float32)
+    assert not threads.gemm(_random(64, 64), _random(64, 64), one_part, 0, 1, 2)
 
 
 @pytest.mark.parametrize(
@@ -66,30 +86,28 @@ def test_gemm_declines_what_it_does_not_split():
 def test_matmul_matches_numpy(shape_a, shape_b):
     a, b = _random(*shape_a), _random(*shape_b)
     want = np.matmul(a.astype(np.float64), b)
-    np.testing.assert_allclose(threads.matmul(a, b, 2), want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(threads.matmul(a, b, 2, 2), want, rtol=1e-4, atol=1e-3)
     b_t = np.ascontiguousarray(np.swapaxes(b, -1, -2)).swapaxes(-1, -2)  # as attention's K^T
-    np.testing.assert_allclose(threads.matmul(a, b_t, 2), want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(threads.matmul(a, b_t, 2, 2), want, rtol=1e-4, atol=1e-3)
 
 
 def test_matmul_leaves_broadcast_batches_and_other_dtypes_to_numpy():
-    assert threads.matmul(_random(2, 1, 5, 7), _random(3, 7, 4), 2) is None
-    assert threads.matmul(_random(8, 8).astype(np.float64), _random(8, 8), 2) is None
+    assert threads.matmul(_random(2, 1, 5, 7), _random(3, 7, 4), 2, 2) is None
+    assert threads.matmul(_random(8, 8).astype(np.float64), _random(8, 8), 2, 2) is None
 
 
-def test_a_kernel_on_the_pool_holds_blas_at_one_thread():
+def test_a_kernel_splits_into_the_sessions_thread_count():
     with HostParallel(2) as parallel:
-        assert parallel.blas_threads == 2
         assert threads.claim(parallel) == 2
-        assert parallel.blas_threads == 1
     with HostParallel(1) as parallel:
-        assert threads.claim(parallel) == 1 and parallel.blas_threads == 1
+        assert threads.claim(parallel) == 1
 
 
 def _in_child(queue, session, feeds) -> None:
     a, b = np.ones((256, 256), np.float32), np.ones((256, 256), np.float32)
-    y = threads.matmul(a, b, 2)
+    y = threads.matmul(a, b, 2, 2)
     (out,) = session.run(None, feeds)  # kernels made before the fork, for two threads
-    queue.put((threads.team(2), y is None, out))
+    queue.put((threads.team(2), y, out))
 
 
 def test_a_forked_child_runs_serially():
@@ -120,11 +138,12 @@ def test_a_forked_child_runs_serially():
     queue = context.Queue()
     child = context.Process(target=_in_child, args=(queue, session, feeds))
     child.start()
-    team, declined, got = queue.get(timeout=120)  # before join: the child flushes it first
+    team, product, got = queue.get(timeout=120)  # before join: the child flushes it first
     child.join(60)
     assert child.exitcode == 0
-    assert team == 1 and declined
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert team == 1
+    np.testing.assert_array_equal(product, np.full((256, 256), 256, np.float32))
+    np.testing.assert_array_equal(got, want, "the same parts, taken in turn")
 
 
 @pytest.mark.parametrize("name", ["Relu", "Sigmoid", "Gelu", "HardSwish"])

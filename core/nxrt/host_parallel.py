@@ -1,13 +1,19 @@
 """The session's own thread pool, lent to a kernel for one compute call.
 
-Intra-op parallelism without oversubscription: a kernel that splits its work
-across the pool must not also let BLAS start one thread per core inside each
-pool thread, or ``threads x BLAS threads`` workers fight over the cores. While
-:meth:`HostParallel.map` runs work in parallel it caps BLAS at one thread, and
-:meth:`HostParallel.blas_limits` gives a serial section at most ``threads``
-BLAS threads. The BLAS setting is process-wide, so every cap goes through one
-lock-protected governor that applies the smallest active cap and restores the
-original thread counts when the last cap ends.
+Intra-op parallelism without oversubscription and without changing results.
+BLAS's own threads are never used while a session runs: a session that
+computes on host BLAS holds it at one thread for its whole life
+(:meth:`HostParallel.hold_blas`), and a kernel that wants a parallel GEMM
+splits it itself into a number of parts fixed when the kernel is created.
+BLAS libraries split a product by their thread count (OpenBLAS's matrix-vector
+product sums along its depth in one part per thread) and a per-run count would
+make a session's outputs depend on how busy the machine was. Each run only
+chooses how many of the session's threads take the fixed parts
+(:attr:`HostParallel.active_threads`), which never changes what they compute.
+
+The BLAS setting is process-wide, so every cap goes through one lock-protected
+governor that applies the smallest active cap and restores the original thread
+counts when the last cap ends.
 """
 
 from __future__ import annotations
@@ -110,14 +116,8 @@ class _BlasGovernor:
 _governor = _BlasGovernor()
 
 
-def one_blas_thread() -> contextlib.AbstractContextManager[None]:
-    """BLAS held to one thread (process-wide) for a call too small to gain from more: a
-    kernel's own choice, made through the same governor as the session's caps."""
-    return _governor.cap(1)
-
-
 class _CapChooser:
-    """Picks, per run, the BLAS thread count (``threads`` or 1) that has been faster.
+    """Picks, per run, the thread count (``threads`` or 1) that has been faster.
 
     Keeps the last few run times of each count. Runs use ``threads`` until the
     other count is known to be faster; every ``explore``-th run tries the
@@ -187,8 +187,6 @@ class HostParallel:
         self._busy = 0
         self._closed = False
         self._held = False
-        self._held_cap = threads
-        self._blas_threads = threads
         #: The threads a kernel may split over in the current run (see :meth:`_choose_team`).
         self.active_threads = threads
         self._chooser = _CapChooser(threads)
@@ -277,94 +275,58 @@ class HostParallel:
 
     @contextmanager
     def blas_limits(self) -> Iterator[int]:
-        """Cap BLAS threads for a compute section; yields the cap.
+        """BLAS held at one thread for a compute section; yields the cap (1).
 
-        Inside a parallel ``map`` (or while one runs) the cap is 1, otherwise
-        ``threads``; a library already set lower keeps its lower count.
-        """
-        limit = 1 if self._busy or _in_worker() else self._threads
-        with _governor.cap(limit):
-            yield limit
-
-    @property
-    def blas_threads(self) -> int:
-        """The BLAS thread count the session holds (:meth:`hold_blas`): ``threads``, or 1
-        after :meth:`keep_blas_serial`."""
-        return self._blas_threads
-
-    def keep_blas_serial(self) -> None:
-        """For a kernel library that runs its GEMMs on a thread pool of its own: BLAS is
-        held at one thread while the session lives (:meth:`hold_blas`), as two pools
-        spinning on the same cores slow each other down many times over."""
-        self._blas_threads = 1
+        One thread always: a product's result must not depend on the count
+        (see the module's docstring)."""
+        with _governor.cap(1):
+            yield 1
 
     @contextmanager
     def run_limits(self) -> Iterator[int]:
-        """:meth:`blas_limits` for one session run, with the BLAS thread count chosen
-        from measured run times; yields the cap.
+        """One session run: BLAS at one thread, and :attr:`active_threads` set to
+        ``threads`` or 1, whichever the last few runs of each did faster (every 16th
+        run tries the other count again); yields the BLAS cap (1).
 
-        BLAS's own threads spin while they wait, which pays on idle cores
-        (OpenBLAS: 1.8x on two cores) but collapses when another process
-        holds one of them (measured here: ResNet-50 2-5x slower than on one
-        thread). So runs use ``threads`` or 1, whichever the last few runs
-        of each did faster, and every 16th run tries the other count again.
+        The pool's threads wait for each other, which pays on idle cores but
+        collapses when another process holds one of them (measured here:
+        ResNet-50 2-5x slower than on one thread). A concurrent run, or one
+        from inside the pool, takes one thread. Kernels split into parts fixed
+        at their creation, so the count chosen never changes a result.
         """
-        if self._blas_threads == 1:
-            with contextlib.nullcontext() if self._held else _governor.cap(1):
-                yield from self._choose_team()
-            return
-        if self._threads == 1 or self._busy or _in_worker():
-            with self.blas_limits() as limit:
-                yield limit
-            return
-        limit = self._chooser.choose()
-        start = time.perf_counter()
-        if self._held and limit == self._threads:  # the session's own cap: nothing to set
-            yield limit
-        else:
-            with _governor.cap(limit):
-                yield limit
-        self._chooser.record(limit, time.perf_counter() - start)
-
-    def _choose_team(self) -> Iterator[int]:
-        """One run of a session whose kernels split over a pool of their own (BLAS held at
-        one thread): :attr:`active_threads` is ``threads`` or 1, chosen as
-        :meth:`run_limits` chooses BLAS's count, as that pool's threads also wait for
-        each other and lose as much when another process holds a core."""
-        if self._threads == 1 or self._busy or _in_worker():
-            yield 1
-            return
-        # BLAS's threads must not run beside the pool's: the two spinning on the same cores
-        # cost 5-30x, so a count someone else raised is put back first
-        _governor.reassert()
-        count = self._chooser.choose()
-        self.active_threads = count
-        start = time.perf_counter()
-        try:
-            yield 1
-        finally:
-            self.active_threads = self._threads
-        self._chooser.record(count, time.perf_counter() - start)
+        with contextlib.nullcontext() if self._held else _governor.cap(1):
+            if self._threads == 1 or self._busy or _in_worker():
+                yield 1
+                return
+            # BLAS's threads must not run beside the pool's: the two spinning on the same
+            # cores cost 5-30x, so a count someone else raised is put back first
+            _governor.reassert()
+            count = self._chooser.choose()
+            self.active_threads = count
+            start = time.perf_counter()
+            try:
+                yield 1
+            finally:
+                self.active_threads = self._threads
+            self._chooser.record(count, time.perf_counter() - start)
 
     def hold_blas(self) -> None:
-        """Cap BLAS at ``threads`` (1 after :meth:`keep_blas_serial`) until
-        :meth:`release_blas` (or :meth:`close`): a session
+        """Hold BLAS at one thread until :meth:`release_blas` (or :meth:`close`): a session
         sets its cap once, when it is created, so its runs set nothing. Caps are
-        process-wide: while sessions of different thread counts live, the smallest wins."""
+        process-wide; the last one to end gives BLAS its own thread counts back."""
         with self._lock:
             if self._held:
                 return
             self._held = True
-            self._held_cap = self._blas_threads
-        _governor.acquire(self._held_cap)
+        _governor.acquire(1)
 
     def release_blas(self) -> None:
-        """End :meth:`hold_blas`'s cap; BLAS gets its own thread counts back with the last cap."""
+        """End :meth:`hold_blas`'s cap."""
         with self._lock:
             if not self._held:
                 return
             self._held = False
-        _governor.release(self._held_cap)
+        _governor.release(1)
 
     def close(self) -> None:
         """Stop the pool's threads, waiting for running work."""

@@ -65,8 +65,8 @@ class CpuKernel(NumpyKernel, FunctionKernel):
 
 
 def pool_team(parallel: HostParallel | None) -> int:
-    """The threads of the EP's own pool (``jit/threads.py``) a kernel made for a session's
-    ``parallel`` splits over; above 1 the session's BLAS is held at one thread. numba is
+    """The parts a kernel made for a session's ``parallel`` splits its work into, in every
+    run: the threads of the EP's own pool (``jit/threads.py``) it may use. numba is
     imported only for a session of several threads."""
     if parallel is None or parallel.threads < 2:
         return 1
@@ -76,8 +76,9 @@ def pool_team(parallel: HostParallel | None) -> int:
 
 
 def run_team(team: int, parallel: HostParallel | None) -> int:
-    """A kernel's :func:`pool_team` in this run: 1 in a run the session makes on one thread
-    (``HostParallel.active_threads``) and in a process forked since the kernel was made."""
+    """The threads that take a kernel's :func:`pool_team` parts in this run: 1 in a run the
+    session makes on one thread (``HostParallel.active_threads``) and in a process forked
+    since the kernel was made. It never changes a result, only who computes it."""
     if team < 2 or parallel is None or parallel.active_threads < 2:
         return 1
     return compiled("threads").team(team)

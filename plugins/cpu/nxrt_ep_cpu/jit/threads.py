@@ -4,18 +4,24 @@ Measured on two cores, a parallel region costs about 1.5 us to start on
 numba's OpenMP layer, where handing work to Python threads costs about 100 us,
 more than most nodes of a small model take. But two pools on the same cores
 slow each other down badly: OpenMP threads spinning beside OpenBLAS's turned
-a 300 us pair of calls into 8 ms. So while this pool is in use, BLAS is held
-at one thread for the session (:meth:`nxrt.host_parallel.HostParallel.keep_blas_serial`)
-and GEMMs are split here, each thread calling the single-threaded
-``cblas_sgemm`` on its share of the output, which matches OpenBLAS's own two
-threads on every shape measured.
+a 300 us pair of calls into 8 ms. So BLAS is held at one thread while a session
+lives (:meth:`nxrt.host_parallel.HostParallel.hold_blas`) and GEMMs are split
+here, each thread calling the single-threaded ``cblas_sgemm`` on its share of
+the output, which matches OpenBLAS's own two threads on every shape measured.
+
+Results never depend on the threads a run gets: a kernel splits its work into
+``parts`` fixed when it is created (the session's thread count), and a run
+with fewer threads takes the same parts in turn. OpenBLAS's sums change with
+the shape it is given (a band of columns is not summed as the whole), so the
+parts must not follow the run's thread count.
 
 The pool is used only where numba's ``omp`` threading layer loads (numba's
 ``workqueue`` costs 100 us a region and is not safe from several threads) and
 never in a process forked after it started (GNU OpenMP does not survive a
-fork): there :func:`team` gives 1 and kernels run serially, with BLAS's own
-threads. ``GOMP_SPINCOUNT``, unless set, is lowered so that idle workers
-sleep after tens of microseconds rather than spinning for milliseconds.
+fork): there :func:`team` gives 1, and a kernel made before the fork takes its
+parts in turn through the serial twin of its parallel loop. ``GOMP_SPINCOUNT``,
+unless set, is lowered so that idle workers sleep after tens of microseconds
+rather than spinning for milliseconds.
 """
 
 from __future__ import annotations
@@ -83,12 +89,9 @@ def team(threads: int) -> int:
 
 
 def claim(parallel: HostParallel | None) -> int:
-    """The team a kernel created for a session's pool ``parallel`` runs on; above 1 the
-    session's BLAS is held at one thread (the GEMMs run here instead)."""
-    size = team(parallel.threads if parallel is not None else 1)
-    if size > 1:
-        parallel.keep_blas_serial()
-    return size
+    """The team a kernel created for a session's pool ``parallel`` runs on, and so the
+    number of parts it splits its work into in every run."""
+    return team(parallel.threads if parallel is not None else 1)
 
 
 #: Estimated work (ns on one core) from which a loop is split over the pool: a parallel
@@ -97,10 +100,10 @@ TEAM_NS = 10_000
 
 
 def split_team(parallel: HostParallel | None, work_ns: float) -> int:
-    """The threads a loop of ``work_ns`` splits over in this run: 1 unless the session's
-    GEMMs run on the pool too (BLAS held at one thread: two pools would fight), the run
-    is not one the session makes on one thread, and the work repays the start."""
-    if parallel is None or parallel.active_threads < 2 or parallel.blas_threads != 1:
+    """The threads a loop of ``work_ns`` over independent outputs splits over in this
+    run: 1 in a run the session makes on one thread, or where the work does not repay
+    the start."""
+    if parallel is None or parallel.active_threads < 2:
         return 1
     return team(parallel.threads) if work_ns >= TEAM_NS else 1
 
@@ -227,27 +230,28 @@ def row_product(h, rt, j0, j1, out):  # pragma: no cover - compiled by numba
         k += 1
 
 
-@njit(parallel=True)
-def _split_depth(
-    blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, partial, parts
-):  # pragma: no cover - compiled by numba
-    """One GEMM of few rows cut along its depth: part 0 into ``c`` (with ``beta``), part ``p``
-    into ``partial[p - 1]``, then summed into ``c``. Every part spans all columns, so each
-    column is computed as in one call (OpenBLAS's sums change with a split of the columns)."""
+@inline
+def _depth_part(blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, partial, parts, p):
+    """Part ``p`` of a GEMM cut along its depth: part 0 into ``c`` (with ``beta``), part
+    ``p`` into ``partial[p - 1]``."""
     step = -(-k // parts)
-    for p in prange(parts):
-        k0 = p * step
-        k1 = min(k, k0 + step)
-        a_at = k0 * lda if ta else k0
-        b_at = k0 if tb else k0 * ldb
-        if p == 0:
-            sgemm(blas, ta, tb, m, n, k1 - k0, 1.0, a, a_at, lda, b, b_at, ldb, beta, c, 0, ldc)
-        elif k1 > k0:
-            out = partial[p - 1]
-            sgemm(blas, ta, tb, m, n, k1 - k0, 1.0, a, a_at, lda, b, b_at, ldb, 0.0, out, 0, n)
-        else:
-            partial[p - 1][:] = 0.0
-    for p in range(parts - 1):
+    k0 = p * step
+    k1 = min(k, k0 + step)
+    a_at = k0 * lda if ta else k0
+    b_at = k0 if tb else k0 * ldb
+    if p == 0:
+        sgemm(blas, ta, tb, m, n, k1 - k0, 1.0, a, a_at, lda, b, b_at, ldb, beta, c, 0, ldc)
+    elif k1 > k0:
+        out = partial[p - 1]
+        sgemm(blas, ta, tb, m, n, k1 - k0, 1.0, a, a_at, lda, b, b_at, ldb, 0.0, out, 0, n)
+    else:
+        partial[p - 1][:] = 0.0
+
+
+@inline
+def _add_parts(m, n, c, ldc, partial):
+    """``c += partial[0] + partial[1] + ...``, in that order."""
+    for p in range(partial.shape[0]):
         for i in range(m):
             row = c[i * ldc : i * ldc + n]
             extra = partial[p][i * n : (i + 1) * n]
@@ -256,59 +260,88 @@ def _split_depth(
 
 
 @njit(parallel=True)
+def _split_depth(
+    blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, partial, parts
+):  # pragma: no cover - compiled by numba
+    """One GEMM of few rows cut along its depth into ``parts``, one per thread, then the
+    parts summed into ``c`` in order. Every part spans all columns, so each column is
+    computed as in one call (OpenBLAS's sums change with a split of the columns)."""
+    for p in prange(parts):
+        _depth_part(blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, partial, parts, p)
+    _add_parts(m, n, c, ldc, partial)
+
+
+@njit
+def _split_depth_serial(
+    blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, partial, parts
+):  # pragma: no cover - compiled by numba
+    """:func:`_split_depth` on the calling thread: the same parts, in turn."""
+    for p in range(parts):
+        _depth_part(blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, partial, parts, p)
+    _add_parts(m, n, c, ldc, partial)
+
+
+@inline
+def _band(blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, parts, p):
+    """Band ``p`` of ``parts`` of a GEMM's output: whole vectors of columns, or rows where
+    the output has fewer columns than rows."""
+    if n >= m:
+        step = -(-n // parts)
+        step = -(-step // 16) * 16
+        j0 = p * step
+        j1 = min(n, j0 + step)
+        if j1 > j0:
+            b_at = j0 * ldb if tb else j0
+            sgemm(blas, ta, tb, m, j1 - j0, k, 1.0, a, 0, lda, b, b_at, ldb, beta, c, j0, ldc)
+    else:
+        step = -(-m // parts)
+        i0 = p * step
+        i1 = min(m, i0 + step)
+        if i1 > i0:
+            a_at = i0 if ta else i0 * lda
+            sgemm(blas, ta, tb, i1 - i0, n, k, 1.0, a, a_at, lda, b, 0, ldb, beta, c, i0 * ldc, ldc)
+
+
+@njit(parallel=True)
 def _split_gemm(
     blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, parts
 ):  # pragma: no cover - compiled by numba
-    """One GEMM cut into ``parts`` bands of output columns (or of rows, where the output
-    has fewer columns than rows), one per thread."""
-    if n >= m:
-        step = -(-n // parts)
-        step = -(-step // 16) * 16  # whole vectors of columns
-        for p in prange(parts):
-            j0 = p * step
-            j1 = min(n, j0 + step)
-            if j1 > j0:
-                b_at = j0 * ldb if tb else j0
-                sgemm(blas, ta, tb, m, j1 - j0, k, 1.0, a, 0, lda, b, b_at, ldb, beta, c, j0, ldc)
-    else:
-        step = -(-m // parts)
-        for p in prange(parts):
-            i0 = p * step
-            i1 = min(m, i0 + step)
-            if i1 > i0:
-                a_at = i0 if ta else i0 * lda
-                sgemm(
-                    blas,
-                    ta,
-                    tb,
-                    i1 - i0,
-                    n,
-                    k,
-                    1.0,
-                    a,
-                    a_at,
-                    lda,
-                    b,
-                    0,
-                    ldb,
-                    beta,
-                    c,
-                    i0 * ldc,
-                    ldc,
-                )
+    """One GEMM cut into ``parts`` bands of its output (see :func:`_band`), one per thread."""
+    for p in prange(parts):
+        _band(blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, parts, p)
+
+
+@njit
+def _split_gemm_serial(
+    blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, parts
+):  # pragma: no cover - compiled by numba
+    """:func:`_split_gemm` on the calling thread: the same bands, in turn."""
+    for p in range(parts):
+        _band(blas, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, parts, p)
+
+
+@inline
+def _matrix(blas, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, c, i):
+    sgemm(blas, ta, tb, m, n, k, 1.0, a, i * a_step, lda, b, i * b_step, ldb, 0.0, c, i * m * n, n)
 
 
 @njit(parallel=True)
 def _batched_gemm(
-    blas, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, c, parts
+    blas, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, c
 ):  # pragma: no cover - compiled by numba
     """``c[i] = op(a[i]) @ op(b[i])`` for each matrix ``i`` of flat operands (``a_step`` or
     ``b_step`` 0 for an operand shared by all), the matrices spread over the threads."""
-    count = c.size // (m * n)
-    for i in prange(count):
-        sgemm(
-            blas, ta, tb, m, n, k, 1.0, a, i * a_step, lda, b, i * b_step, ldb, 0.0, c, i * m * n, n
-        )
+    for i in prange(c.size // (m * n)):
+        _matrix(blas, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, c, i)
+
+
+@njit
+def _batched_gemm_serial(
+    blas, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, c
+):  # pragma: no cover - compiled by numba
+    """:func:`_batched_gemm` on the calling thread."""
+    for i in range(c.size // (m * n)):
+        _matrix(blas, ta, tb, m, n, k, a, a_step, lda, b, b_step, ldb, c, i)
 
 
 def _leading(x: np.ndarray) -> int:
@@ -331,14 +364,27 @@ def _operand(x: np.ndarray) -> tuple[np.ndarray, int, int] | None:
     return None
 
 
-def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, threads: int) -> bool:
-    """``c = a @ b + beta * c`` for 2-D float32 arrays on ``threads`` of the pool (``a`` and
-    ``b`` may be transposed views; ``c`` has unit-stride rows and overlaps neither).
-    Returns ``False``, having done nothing, where it cannot."""
+def _on_team(threads: int) -> bool:
+    """Whether this run's parts go to the pool (``threads`` of it), else in turn on the
+    calling thread: one thread, or a process forked since the pool started."""
+    if threads < 2 or _state["forked"]:
+        return False
+    size_team(min(threads, numba.config.NUMBA_NUM_THREADS))
+    return True
+
+
+def gemm(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, parts: int, threads: int
+) -> bool:
+    """``c = a @ b + beta * c`` for 2-D float32 arrays, cut into ``parts`` (fixed for a
+    kernel: the result never depends on ``threads``, the pool threads this run takes them
+    on). ``a`` and ``b`` may be transposed views; ``c`` has unit-stride rows and overlaps
+    neither. Returns ``False``, having done nothing, where it does not split the product:
+    one part, a product too small to repay it, or operands BLAS cannot take."""
     (m, k), (k2, n) = a.shape, b.shape
     if (
-        threads < 2
-        or _state["forked"]
+        parts < 2
+        or _BLAS[0] == 0
         or m * n * k < _SPLIT_MACS
         or c.dtype != _FLOAT32
         or a.dtype != _FLOAT32
@@ -353,25 +399,25 @@ def gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, threads: int)
     if ldc < n or left is None or right is None:
         return False
     (a_base, ta, lda), (b_base, tb, ldb) = left, right
-    size_team(threads)
+    team = _on_team(threads)
     if m == 1:  # a row times a matrix: split along the depth (see _split_depth)
-        partial = np.empty((threads - 1, n), _FLOAT32)
         flat_c = c.reshape(-1) if c.flags.c_contiguous else None
         if flat_c is None:
             return False
-        _split_depth(
-            _BLAS, ta, tb, m, n, k, a_base, lda, b_base, ldb, beta, flat_c, ldc, partial, threads
-        )
+        partial = np.empty((parts - 1, n), _FLOAT32)
+        loop = _split_depth if team else _split_depth_serial
+        loop(_BLAS, ta, tb, m, n, k, a_base, lda, b_base, ldb, beta, flat_c, ldc, partial, parts)
         return True
-    _split_gemm(_BLAS, ta, tb, m, n, k, a_base, lda, b_base, ldb, beta, c, ldc, threads)
+    loop = _split_gemm if team else _split_gemm_serial
+    loop(_BLAS, ta, tb, m, n, k, a_base, lda, b_base, ldb, beta, c, ldc, parts)
     return True
 
 
-def matmul(a: np.ndarray, b: np.ndarray, threads: int) -> np.ndarray | None:
-    """``np.matmul(a, b)`` for float32 operands on ``threads`` of the pool: a 2-D ``b``
-    as one GEMM on the rows of ``a``, same-shaped batches (or a 2-D ``a``) as one GEMM
-    per matrix across the threads; ``None`` for anything else (the caller uses numpy)."""
-    if threads < 2 or _state["forked"] or a.dtype != _FLOAT32 or b.dtype != _FLOAT32:
+def matmul(a: np.ndarray, b: np.ndarray, parts: int, threads: int) -> np.ndarray | None:
+    """``np.matmul(a, b)`` for float32 operands cut into ``parts`` (see :func:`gemm`): a
+    2-D ``b`` as one GEMM on the rows of ``a``, same-shaped batches (or a 2-D ``a``) as
+    one GEMM per matrix; ``None`` for anything else (the caller uses numpy)."""
+    if parts < 2 or _BLAS[0] == 0 or a.dtype != _FLOAT32 or b.dtype != _FLOAT32:
         return None
     if a.ndim < 2 or b.ndim < 2:
         return None
@@ -384,7 +430,7 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int) -> np.ndarray | None:
         if rows is None:
             return None
         out = np.empty((rows.shape[0], n), _FLOAT32)
-        if not gemm(rows, b, out, 0.0, threads):
+        if not gemm(rows, b, out, 0.0, parts, threads):
             return None
         return out.reshape(a.shape[:-1] + (n,))
     if a.ndim != b.ndim and a.ndim != 2:
@@ -400,10 +446,8 @@ def matmul(a: np.ndarray, b: np.ndarray, threads: int) -> np.ndarray | None:
     if flat_a is None or flat_b is None:
         return None
     out = np.empty(batch + (m, n), _FLOAT32)
-    size_team(threads)
-    _batched_gemm(
-        _BLAS, ta, tb, m, n, k, flat_a, a_step, lda, flat_b, b_step, ldb, out.reshape(-1), threads
-    )
+    loop = _batched_gemm if _on_team(threads) else _batched_gemm_serial
+    loop(_BLAS, ta, tb, m, n, k, flat_a, a_step, lda, flat_b, b_step, ldb, out.reshape(-1))
     return out
 
 

@@ -605,7 +605,7 @@ class Pointwise(GemmPlan):
         source = np.ascontiguousarray(x).reshape(self.cg, pixels)
         bias = None if b is None else b.astype(self.dtype, copy=False).reshape(m, 1)
         beta = _prefill(flat, bias, None if z is None else z.reshape(m, pixels))
-        _gemm(wp[None], source[None], flat[None], beta, self.active_team())
+        _gemm(wp[None], source[None], flat[None], beta, self.team, self.active_team())
         _activate(flat, flat, self.act, self.relu)
         return out
 
@@ -677,7 +677,7 @@ class Pointwise(GemmPlan):
             i, p0, p1 = chunk
             dst = flat_out[i, :, p0:p1]
             beta = _prefill(dst, b2, None if flat_z is None else flat_z[i, :, p0:p1])
-            _gemm(wp, x[i, :, :, p0:p1], y[i, :, :, p0:p1], beta, self.active_team())
+            _gemm(wp, x[i, :, :, p0:p1], y[i, :, :, p0:p1], beta, self.team, self.active_team())
             _activate(dst, dst, act, relu)
 
         return work
@@ -699,7 +699,7 @@ class Pointwise(GemmPlan):
             cols = np.empty((g, cg, n, pixels), self.dtype)
             np.copyto(cols, x.reshape(n, g, cg, pixels).transpose(1, 2, 0, 3))
             product = np.empty((g, mg, n * pixels), self.dtype)
-            _gemm(wp, cols.reshape(g, cg, n * pixels), product, 0.0, self.active_team())
+            _gemm(wp, cols.reshape(g, cg, n * pixels), product, 0.0, self.team, self.active_team())
             moved = product.reshape(m, n, pixels)
             if self.dtype == np.float32:
                 from nxrt_ep_cpu.jit.conv import columns_to_images
@@ -1368,7 +1368,7 @@ class Im2col(GemmPlan):
                 )
                 valid = acc.reshape(self.m, e - a, wo)
                 beta = _prefill(valid, b, None if z is None else z[i, :, a:e])
-                _gemm(wp, flat, acc, beta, self.active_team())
+                _gemm(wp, flat, acc, beta, self.team, self.active_team())
                 _activate(valid, dst, act, relu)
 
         return work
@@ -1403,7 +1403,7 @@ class Im2col(GemmPlan):
                 block = block.reshape(images, g, cg, ho, wq)[..., :wo]
                 grid[:, t] = block.transpose(1, 2, 0, 3, 4)
             product = acc[:, :, :size]
-            _gemm(wp, grid.reshape(g, taps * cg, size), product, 0.0, self.active_team())
+            _gemm(wp, grid.reshape(g, taps * cg, size), product, 0.0, self.team, self.active_team())
             moved = product.reshape(m, images, ho, wo).transpose(1, 0, 2, 3)
             _finish(moved, out[i0:i1], b, None if z is None else z[i0:i1], act)
 
@@ -1435,7 +1435,7 @@ class Im2col(GemmPlan):
                 cols, acc = held
                 image_columns(x, cols, self.geometry, i0, i1)
                 product = acc[:, :, :size]
-                _gemm(wp, cols[:, :, :size], product, 0.0, self.active_team())
+                _gemm(wp, cols[:, :, :size], product, 0.0, self.team, self.active_team())
                 columns_to_images(
                     product.reshape(m, size),
                     flat_out,
@@ -1485,7 +1485,7 @@ class Taps(GemmPlan):
                 beta = _prefill_rows(acc, valid, b, None if z is None else z[i, :, a:e])
                 for t in range(self.taps):
                     block = layout.block(src, i, t, a, size).reshape(g, cg, size)
-                    _gemm(wp[t], block, acc, beta if t == 0 else 1.0, self.active_team())
+                    _gemm(wp[t], block, acc, beta if t == 0 else 1.0, self.team, self.active_team())
                 _activate(valid, out[i, :, a:e], act, relu)
 
         return work
@@ -1598,15 +1598,18 @@ def _prefill_rows(acc: np.ndarray, valid: np.ndarray, b, z) -> float:
     return _prefill(valid, b, z)
 
 
-def _gemm(a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, team: int = 1) -> None:
+def _gemm(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, beta: float, parts: int = 1, threads: int = 1
+) -> None:
     """``c = a @ b + beta * c`` per group (3-D operands), in place through BLAS when it can,
-    each group's GEMM split over ``team`` threads of the EP's pool above 1."""
+    each group's GEMM cut into ``parts`` above 1, taken by ``threads`` of the EP's pool
+    (the result depends on ``parts`` only)."""
     groups = a.shape[0]
-    if team > 1:
+    if parts > 1:
         gemm = compiled("threads").gemm
-        if gemm(a[0], b[0], c[0], beta, team):
+        if gemm(a[0], b[0], c[0], beta, parts, threads):
             for j in range(1, groups):
-                gemm(a[j], b[j], c[j], beta, team)
+                gemm(a[j], b[j], c[j], beta, parts, threads)
             return
     macs = a[0].size * b.shape[-1]
     direct = GEMM is not None and macs >= _DIRECT_MACS

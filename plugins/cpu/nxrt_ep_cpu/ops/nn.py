@@ -11,7 +11,6 @@ import numpy as np
 
 from nxrt.contrib_ops import DOMAIN, FUSED_SINCE
 from nxrt.errors import KernelFailed
-from nxrt.host_parallel import one_blas_thread
 from nxrt.kernel import attribute_values
 from nxrt_ep_cpu.kernels import CpuKernel, compiled, pool_team, run_team
 from nxrt_ep_cpu.ops._registry import op
@@ -231,38 +230,25 @@ def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
 
 # -- dense layers: Gemm, MatMul, FusedMatMul ----------------------------------------------------
 
-#: The sizes (multiply-adds, m * k * n) of the GEMMs held to one BLAS thread. OpenBLAS
-#: gives a GEMM a second thread from 2^18 multiply-adds on, but measured here, one thread
-#: against two on an idle machine, [8, 256] x [256, 256] takes 10 µs both ways and
-#: [64, 256] x [256, 256] 98 against 91 µs; while another process holds the second
-#: core, the two-thread call waits for it ([32, 256] x [256, 256]: mean 1.5-1.9 ms
-#: against 0.13-0.18 ms held to one). Holding costs about 5 µs (two thread-count
-#: changes), which the smallest products (below 2^20) do not repay. A single row is a
-#: matrix-vector product, bound by reading the weights, which two threads read faster
-#: ([1, 2048] x [2048, 1000]: 125 against 60 µs), so it is never held.
-_SERIAL_GEMM_MACS = range(1 << 20, 1 << 22)
 _BLAS_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 _FLOAT32 = np.dtype(np.float32)
 
 
-def _product(a: np.ndarray, b: np.ndarray, team: int = 1) -> np.ndarray:
-    """``a @ b`` of 2-D arrays: split over ``team`` threads of the EP's pool above 1, else
-    on BLAS, a GEMM too small to gain from BLAS's second thread on one (the session's cap
-    on BLAS threads is process-wide, so it goes through its governor)."""
-    if team > 1:
-        y = compiled("threads").matmul(a, b, team)
+def _product(a: np.ndarray, b: np.ndarray, parts: int = 1, threads: int = 1) -> np.ndarray:
+    """``a @ b`` of 2-D arrays: cut into ``parts`` above 1, taken by ``threads`` of the EP's
+    pool (the result depends on ``parts`` only), else one BLAS call (BLAS runs on one
+    thread while a session runs: see :mod:`nxrt.host_parallel`)."""
+    if parts > 1:
+        y = compiled("threads").matmul(a, b, parts, threads)
         if y is not None:
             return y
-    if a.shape[0] > 1 and a.shape[0] * a.shape[1] * b.shape[1] in _SERIAL_GEMM_MACS:
-        with one_blas_thread():
-            return np.matmul(a, b)
     return np.matmul(a, b)
 
 
-def _rows_product(a: np.ndarray, b: np.ndarray, team: int = 1) -> np.ndarray:
+def _rows_product(a: np.ndarray, b: np.ndarray, parts: int = 1, threads: int = 1) -> np.ndarray:
     """``a @ b`` for ``a`` of shape ``(..., K)`` and a 2-D ``b``: one GEMM on the rows of
     ``a`` (numpy's matmul runs one GEMM per matrix of a batch, each with a small M)."""
-    y = _product(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b, team)
+    y = _product(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b, parts, threads)
     return y.reshape(a.shape[:-1] + (b.shape[1],))
 
 
@@ -306,6 +292,7 @@ class GemmKernel(CpuKernel):
         y = _product(
             a.T if self.trans_a else a,
             b.T if self.trans_b else b,
+            self.team,
             run_team(self.team, self.parallel),
         )
         if self.alpha != 1.0:
@@ -344,9 +331,9 @@ class MatMulKernel(CpuKernel):
 
     def run(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if a.dtype in _BLAS_DTYPES and b.dtype == a.dtype and b.ndim == 2 and a.ndim >= 1:
-            return _rows_product(a, b, run_team(self.team, self.parallel))
-        if run_team(self.team, self.parallel) > 1:
-            y = compiled("threads").matmul(a, b, run_team(self.team, self.parallel))
+            return _rows_product(a, b, self.team, run_team(self.team, self.parallel))
+        if self.team > 1:
+            y = compiled("threads").matmul(a, b, self.team, run_team(self.team, self.parallel))
             if y is not None:
                 return y
         return self._call(a, b)
@@ -397,7 +384,7 @@ class FusedMatMulKernel(CpuKernel):
             return self._call(a, b, bias)
         if not self.known:
             return self._call(a, b, bias)
-        y = _rows_product(a, b, run_team(self.team, self.parallel))
+        y = _rows_product(a, b, self.team, run_team(self.team, self.parallel))
         rows = y.reshape(math.prod(y.shape[:-1]), n)
         if bias is not None:
             bias = np.ascontiguousarray(bias).reshape(n)
