@@ -42,18 +42,22 @@ def test_split_gemm_matches_numpy(m, k, n, beta, layout):
 
 @pytest.mark.parametrize("parts", [2, 3, 4])
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 2048, 1000), (49, 576, 64), (300, 64, 12)])
-def test_the_threads_taking_the_parts_never_change_the_bits(parts, m, k, n):
+def test_the_threads_taking_the_parts_never_change_the_bits(parts, m, k, n, monkeypatch):
+    """One thread, several, or the serial twins a forked child takes: the same bits."""
     a, b = _random(m, k), _random(k, n)
-    results = []
-    for count in (1, 2, parts):
-        c = np.empty((m, n), np.float32)
-        assert threads.gemm(a, b, c, 0.0, parts, count)
-        results.append(c)
+    batch_a, batch_b = _random(6, m, k), _random(6, k, n)
+    results, batches = [], []
+    for forked in (False, True):
+        monkeypatch.setitem(threads._state, "forked", forked)
+        for count in (1, 2, parts):
+            c = np.empty((m, n), np.float32)
+            assert threads.gemm(a, b, c, 0.0, parts, count)
+            results.append(c)
+            batches.append(threads.matmul(batch_a, batch_b, parts, count))
     for c in results[1:]:
         np.testing.assert_array_equal(c, results[0])
-    batch_a, batch_b = _random(6, m, k), _random(6, k, n)
-    batches = [threads.matmul(batch_a, batch_b, parts, count) for count in (1, 2)]
-    np.testing.assert_array_equal(batches[0], batches[1])
+    for c in batches[1:]:
+        np.testing.assert_array_equal(c, batches[0])
 
 
 def test_a_row_times_a_matrix_splits_along_the_depth_keeping_equal_columns_equal():

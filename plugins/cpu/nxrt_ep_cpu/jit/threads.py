@@ -365,11 +365,12 @@ def _operand(x: np.ndarray) -> tuple[np.ndarray, int, int] | None:
 
 
 def _on_team(threads: int) -> bool:
-    """Whether this run's parts go to the pool (``threads`` of it), else in turn on the
-    calling thread: one thread, or a process forked since the pool started."""
-    if threads < 2 or _state["forked"]:
+    """Whether this run's parts go to the pool (``threads`` of it, one included: the same
+    compiled loop, so no second one compiles in the middle of a session's runs), else
+    in turn through the serial twin, in a process forked since the pool started."""
+    if _state["forked"]:
         return False
-    size_team(min(threads, numba.config.NUMBA_NUM_THREADS))
+    size_team(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     return True
 
 
