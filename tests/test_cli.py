@@ -39,6 +39,29 @@ def test_providers_lists_the_cpu_ep():
     assert "cpu" in table and "nxrt-ep-cpu" in table and "hooks nxrt_ep_capabilities" in table
 
 
+HEAVY = ("onnx", "onnx_ir", "ml_dtypes", "numba", "sympy", "mlx", "openvino", "onnxruntime")
+
+
+def test_the_plain_listing_starts_no_ep_and_imports_no_backend():
+    code = (
+        "import sys\n"
+        "from nxrt.cli import main\n"
+        "main(['providers'])\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
+        "print(sorted(m for m in sys.modules if '.ops' in m and m.startswith('nxrt_ep_')))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NXRT_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    *table, heavy, kernel_modules = done.stdout.strip().splitlines()
+    assert heavy == "[]"
+    assert "nxrt_ep_cpu.ops" not in kernel_modules  # counting ops is for -v and --json
+    listing = "\n".join(table)
+    assert re.search(r"^cpu\s+cpu\s+nxrt-ep-cpu \S+\s+cpu\s+numpy kernels", listing, re.M)
+    assert "capabilities" not in listing.splitlines()[-3] and "providers -v" in listing
+
+
 def test_providers_honours_the_plugin_switches():
     assert (
         json.loads(nxrt("providers", "--json", env={"NXRT_PLUGINS": ""}).stdout)["providers"] == []
@@ -68,7 +91,67 @@ def test_run_without_a_model_classifies_the_embedded_digits():
     assert "embedded digits_cnn.onnx" in out
     assert "cpu         8" in out  # the partition: nodes per EP (Conv+Relu fused into one)
     assert "accuracy: 98.22%" in out
-    assert "latency: median" in out and "over 3 run(s)" in out
+    # like a benchmark: the first run apart, then the median of warm runs after a warm-up
+    first, latency = [line for line in out.splitlines() if "run" in line and " ms" in line]
+    assert re.fullmatch(r"first run \d+\.\d ms, includes compiling", first)
+    assert re.match(r"latency: median \d+\.\d+ ms over 3 run\(s\), after 3 warm-up", latency)
+    default = nxrt("run", "--ep", "cpu", "--warmup", "1").stdout
+    assert "over 20 run(s), after 1 warm-up run(s)" in default
+
+
+SHAPES_PLUGIN = """
+import json, os
+import numpy as np
+import nxrt
+from nxrt.provider import ExecutionProvider
+from nxrt.registry import OpRegistry
+
+OPS = OpRegistry("shapes")
+
+@OPS.op("Relu", since=1)
+def relu(x, /):
+    with open(os.environ["SHAPES_LOG"], "a") as log:
+        log.write(json.dumps(list(x.shape)) + "\\n")
+    return np.maximum(x, 0)
+
+@nxrt.hookimpl
+def nxrt_register(registry):
+    registry.add_provider("shapes", lambda config: ExecutionProvider(config, OPS))
+    registry.add_kernels("shapes", OPS)
+"""
+
+
+def test_run_measures_the_selection_at_the_shapes_it_runs(tmp_path):
+    import numpy as np
+    from onnx import TensorProto, helper, save
+
+    dist = tmp_path / "nxrt_ep_shapes-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nxrt-ep-shapes\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[nxrt]\nshapes = nxrt_ep_shapes\n")
+    (tmp_path / "nxrt_ep_shapes.py").write_text(SHAPES_PLUGIN)
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [value("x", TensorProto.FLOAT, ["batch", 3])],
+        [value("y", TensorProto.FLOAT, ["batch", 3])],
+    )
+    model = tmp_path / "relu.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    feed = tmp_path / "x.npy"
+    np.save(feed, np.ones((6, 3), np.float32))
+    log = tmp_path / "shapes.log"
+    env = {
+        "PYTHONPATH": str(tmp_path),
+        "NXRT_PLUGINS": "cpu,shapes",
+        "NXRT_CACHE_DIR": str(tmp_path / "cache"),
+        "SHAPES_LOG": str(log),
+    }
+    out = nxrt("run", str(model), "--input", f"x={feed}", "--repeat", "2", env=env).stdout
+    assert "shapes,cpu" in out  # measured by the default selection
+    seen = {tuple(json.loads(line)) for line in log.read_text().splitlines()}
+    assert seen == {(6, 3)}  # never batch 1
 
 
 def test_run_a_model_with_an_input_file_and_a_profile(tmp_path):
@@ -78,14 +161,18 @@ def test_run_a_model_with_an_input_file_and_a_profile(tmp_path):
     feed = tmp_path / "x.npy"
     np.save(feed, np.zeros((1, 3, 224, 224), np.float32))
     result = nxrt(
-        "run", str(model), "--input", f"data_0={feed}", "--profile", "--ep", "cpu", cwd=tmp_path
+        "run",
+        *(str(model), "--input", f"data_0={feed}", "--profile", "--ep", "cpu"),
+        *("--repeat", "2", "--warmup", "1"),
+        cwd=tmp_path,
     )
     assert "softmaxout_1: float32[1, 1000, 1, 1]" in result.stdout
     (trace,) = tmp_path.glob("nxrt_profile_*.json")
     assert f"profile: {trace}" in result.stdout
     report = json.loads(nxrt("partition", str(model), "--json", "--ep", "cpu").stdout)
     kernels = report["nodes_per_ep"]["cpu"]
-    assert report["folded"] and len(json.loads(trace.read_text())["traceEvents"]) == kernels
+    runs = 1 + 1 + 2  # the first, the warm-up, the timed: every run is profiled
+    assert report["folded"] and len(json.loads(trace.read_text())["traceEvents"]) == kernels * runs
 
 
 def test_partition_reports_every_node(tmp_path):

@@ -19,7 +19,7 @@ from nxrt.errors import (
 )
 from nxrt.host import Host, get_plugin_manager
 from nxrt.kernel import SubgraphClaim
-from nxrt.provider import EpConfig
+from nxrt.provider import EpConfig, ExecutionProvider
 from nxrt.registry import EpDescriptor
 from nxrt.testing import register_plugin
 from nxrt.weight import ExecutionProviderCapabilities
@@ -76,6 +76,49 @@ def test_hook_nxrt_register(nxrt_pm, hook_recorder):
     assert descriptor.plugin == "toy"
     assert descriptor.ops is TOY_OPS
     assert [c.hook for c in hook_recorder.calls_made] == ["nxrt_register"]
+
+
+class LazyKernels:
+    """An EP whose kernel table is registered as a loader, as the cpu EP's is."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    @nxrt.hookimpl
+    def nxrt_register(self, registry):
+        registry.add_provider("lazy", lambda config: ExecutionProvider(config))
+        registry.add_kernels("lazy", self.loader)
+
+
+def test_a_kernel_table_registered_as_a_loader_loads_when_a_session_needs_it(nxrt_pm):
+    loads = []
+
+    def loader():
+        loads.append(1)
+        return TOY_OPS
+
+    with register_plugin(nxrt_pm, LazyKernels(loader), "lazy"):
+        descriptor = Host(nxrt_pm).build_registry().providers["lazy"]
+        assert loads == [] and not descriptor.ops_loaded  # listing EPs loads no kernels
+        for _ in range(2):
+            session = nxrt.InferenceSession(
+                chain_model(("Relu",)), providers=["lazy"], plugin_manager=nxrt_pm
+            )
+            np.testing.assert_array_equal(session.run(None, FEEDS)[0], expected(("Relu",)))
+        assert len(loads) == 2  # once per registry: each session builds its own
+
+
+def test_a_kernel_loader_that_fails_is_the_plugins_load_failure(nxrt_pm):
+    def loader():
+        raise ImportError("libkernels.so: not found")
+
+    with register_plugin(nxrt_pm, LazyKernels(loader), "lazy"):
+        assert "lazy" in Host(nxrt_pm).build_registry().providers  # listed all the same
+        with pytest.raises(EpLoadFailed, match="libkernels.so: not found") as caught:
+            nxrt.InferenceSession(
+                chain_model(("Relu",)), providers=["lazy"], plugin_manager=nxrt_pm
+            )
+    assert caught.value.path == "lazy" and "loading the kernels of EP 'lazy'" in caught.value.reason
 
 
 def test_register_refuses_an_ep_id_already_taken(nxrt_pm, monkeypatch):

@@ -9,6 +9,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -16,6 +17,9 @@ import numpy as np
 
 DEFAULT_MODEL = "digits_cnn.onnx"
 DEFAULT_DATA = "digits_test.npz"
+#: ``nxrt run``'s timed runs and untimed warm-up runs, after the first run (shown apart).
+DEFAULT_REPEAT = 20
+DEFAULT_WARMUP = 3
 
 
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
@@ -26,12 +30,18 @@ def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def providers_info() -> dict[str, Any]:
+def providers_info(details: bool = True) -> dict[str, Any]:
     """Installed plugins, their EPs and capabilities, and plugins that failed to load.
 
     ``plugins`` lists every entry point of group ``nxrt`` that loaded, also one
     that registered no EP: a plugin that installs but adds nothing is a bug
     its author has to be able to see.
+
+    With ``details`` each EP is started, to ask its capabilities, and its kernel
+    table is loaded, to count its ops: that imports the plugins' kernel modules
+    and backends (onnx, onnxruntime, MLX...), seconds on a cold machine. Without,
+    nothing beyond the plugins' registration modules is imported, and
+    ``capabilities``, ``ops`` and ``kernels`` are ``None``.
     """
     import nxrt
     from nxrt.host import Host
@@ -52,9 +62,8 @@ def providers_info() -> dict[str, Any]:
                 "device_type": descriptor.device_type,
                 "aliases": list(descriptor.aliases),
                 "context_sources": list(descriptor.context_sources),
-                "ops": len(descriptor.ops.op_types) if descriptor.ops else 0,
-                "kernels": len(descriptor.ops) if descriptor.ops else 0,
-                "capabilities": _capabilities(host, descriptor),
+                "description": descriptor.description,
+                **(_details(host, descriptor) if details else dict.fromkeys(_DETAILS)),
                 "hooks": sorted(
                     c.name for c in pm.get_hookcallers(pm.get_plugin(descriptor.plugin)) or []
                 ),
@@ -76,6 +85,23 @@ def providers_info() -> dict[str, Any]:
     return {"plugins": plugins, "providers": eps, "failed": failures}
 
 
+#: What ``providers_info(details=True)`` adds to each EP.
+_DETAILS = ("ops", "kernels", "capabilities")
+
+
+def _details(host: Any, descriptor: Any) -> dict[str, Any]:
+    """The EP's op and kernel counts (its loaded table) and capabilities (it is started)."""
+    try:
+        ops = descriptor.ops
+        counts: dict[str, Any] = {
+            "ops": len(ops.op_types) if ops else 0,
+            "kernels": len(ops) if ops else 0,
+        }
+    except Exception as exc:  # noqa: BLE001 - shown, not raised: the listing must go on
+        counts = {"ops": f"unavailable: {exc}", "kernels": 0}
+    return {**counts, "capabilities": _capabilities(host, descriptor)}
+
+
 def _capabilities(host: Any, descriptor: Any) -> list[str] | str:
     from nxrt.provider import EpConfig
 
@@ -89,7 +115,10 @@ def _capabilities(host: Any, descriptor: Any) -> list[str] | str:
 
 
 def cmd_providers(args: argparse.Namespace) -> int:
-    info = providers_info()
+    """List the installed EPs. The table alone starts no EP and loads no kernel table, so it
+    costs what ``get_available_providers()`` does; ``-v`` and ``--json`` start each EP for
+    its capabilities and count its ops (seconds: kernel modules and backends import)."""
+    info = providers_info(details=bool(args.verbose or args.json))
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -103,23 +132,37 @@ def cmd_providers(args: argparse.Namespace) -> int:
     ]
     print(_table(plugin_rows, ("plugin", "distribution", "EPs")))
     print()
-    rows = [
-        (
-            p["id"],
-            p["plugin"],
-            f"{p['distribution']} {p['version']}".strip(),
-            p["device_type"],
-            p["ops"],
-            ", ".join(p["capabilities"])
-            if isinstance(p["capabilities"], list)
-            else p["capabilities"],
-        )
-        for p in info["providers"]
-    ]
-    print(_table(rows, ("EP", "plugin", "distribution", "device", "ops", "capabilities")))
     if args.verbose:
+        rows = [
+            (
+                p["id"],
+                p["plugin"],
+                f"{p['distribution']} {p['version']}".strip(),
+                p["device_type"],
+                p["ops"],
+                ", ".join(p["capabilities"])
+                if isinstance(p["capabilities"], list)
+                else p["capabilities"],
+            )
+            for p in info["providers"]
+        ]
+        print(_table(rows, ("EP", "plugin", "distribution", "device", "ops", "capabilities")))
         for p in info["providers"]:
             print(f"\n{p['id']}: hooks {', '.join(p['hooks'])}; {p['kernels']} kernel versions")
+    else:
+        rows = [
+            (
+                p["id"],
+                p["plugin"],
+                f"{p['distribution']} {p['version']}".strip(),
+                p["device_type"],
+                p["description"],
+            )
+            for p in info["providers"]
+        ]
+        print(_table(rows, ("EP", "plugin", "distribution", "device", "description")))
+        if rows:
+            print("\n(`nxrt providers -v` starts each EP: capabilities, op counts, hooks)")
     if info["failed"]:
         print("\nplugins that failed to load:")
         for failure in info["failed"]:
@@ -127,13 +170,21 @@ def cmd_providers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_session(model: Any, args: argparse.Namespace) -> Any:
+def _make_session(model: Any, args: argparse.Namespace, feeds: dict[str, Any] | None = None) -> Any:
+    """The session ``args`` ask for. Given ``feeds``, the default selection measures its
+    candidates at their shapes (``nxrt.selection.shapes``), not at batch 1."""
     import nxrt
+    from nxrt.selection import SHAPES
 
     options = nxrt.SessionOptions()
     options.enable_profiling = bool(getattr(args, "profile", False))
     if getattr(args, "threads", 0):
         options.intra_op_num_threads = args.threads
+    if feeds:
+        shapes = ",".join(
+            f"{name}:{'x'.join(str(d) for d in np.shape(value))}" for name, value in feeds.items()
+        )
+        options.add_session_config_entry(SHAPES, shapes)
     providers = args.ep.split(",") if args.ep else None
     return nxrt.InferenceSession(model, options, providers=providers)
 
@@ -158,14 +209,31 @@ def _summary(name: str, value: Any) -> str:
     return f"{name}: {array.dtype}{list(array.shape)}"
 
 
-def _time_runs(session: Any, feeds: dict[str, Any], repeat: int) -> tuple[list[Any], list[float]]:
+@dataclass
+class Timing:
+    """A benchmark of one session: the first run apart, then warm runs after a warm-up."""
+
+    first_ms: float
+    warmup: int
+    times: list[float]
+
+
+def _benchmark(
+    session: Any, feeds: dict[str, Any], repeat: int, warmup: int
+) -> tuple[list[Any], Timing]:
+    """Run like a benchmark: the first run timed on its own (it includes compiling and
+    first-run allocation), ``warmup`` untimed runs, then ``repeat`` timed runs."""
+    start = time.perf_counter()
+    outputs = session.run(None, feeds)
+    first_ms = (time.perf_counter() - start) * 1000
+    for _ in range(max(warmup, 0)):
+        session.run(None, feeds)
     times = []
-    outputs: list[Any] = []
     for _ in range(max(repeat, 1)):
         start = time.perf_counter()
         outputs = session.run(None, feeds)
         times.append((time.perf_counter() - start) * 1000)
-    return outputs, times
+    return outputs, Timing(first_ms, max(warmup, 0), times)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -174,42 +242,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.model is None:
             return _run_default(args)
-        session = _make_session(args.model, args)
+        given = _parse_inputs(args.input or [])
+        start = time.perf_counter()
+        session = _make_session(args.model, args, given)
+        created = time.perf_counter() - start
         from nxrt.testing import dummy_feeds
 
-        feeds = {**dummy_feeds(session), **_parse_inputs(args.input or [])}
-        outputs, times = _time_runs(session, feeds, args.repeat)
+        feeds = {**dummy_feeds(session), **given}
+        outputs, timing = _benchmark(session, feeds, args.repeat, args.warmup)
     except NxrtError as exc:
         print(f"nxrt: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"model: {args.model}")
     _print_placement(session)
+    print(f"session created in {created:.2f} s")
     for arg, value in zip(session.get_outputs(), outputs):
         print(_summary(arg.name, value))
-    _print_latency(times)
+    _print_latency(timing)
     _finish_profile(session)
     return 0
 
 
 def _run_default(args: argparse.Namespace) -> int:
+    import onnx
+
     data_dir = resources.files("nxrt") / "data"
     model_bytes = (data_dir / DEFAULT_MODEL).read_bytes()
     with (data_dir / DEFAULT_DATA).open("rb") as f:
         data = np.load(f)
         pixels, labels = data["pixels"], data["labels"]
-    session = _make_session(model_bytes, args)
+    graph = onnx.load_model_from_string(model_bytes).graph
+    initializers = {t.name for t in graph.initializer}
+    (name,) = [i.name for i in graph.input if i.name not in initializers]
+    start = time.perf_counter()
+    session = _make_session(model_bytes, args, {name: pixels})
+    created = time.perf_counter() - start
     meta = session.get_modelmeta()
     print(f"model: embedded {DEFAULT_MODEL} — {meta.description.splitlines()[0]}")
     _print_placement(session)
-    name = session.get_inputs()[0].name
-    (probabilities,), times = _time_runs(session, {name: pixels}, args.repeat)
+    print(f"session created in {created:.2f} s")
+    (probabilities,), timing = _benchmark(session, {name: pixels}, args.repeat, args.warmup)
     predicted = probabilities.argmax(axis=1)
     accuracy = float((predicted == labels).mean())
     print(_summary(session.get_outputs()[0].name, probabilities))
     print(f"held-out digits: {len(labels)} images, {int((predicted == labels).sum())} correct")
     print(f"accuracy: {accuracy:.2%}")
     print(f"first 10 predicted: {predicted[:10].tolist()}  true: {labels[:10].tolist()}")
-    _print_latency(times, per=len(labels))
+    _print_latency(timing, per=len(labels))
     _finish_profile(session)
     return 0
 
@@ -222,9 +301,14 @@ def _print_placement(session: Any) -> None:
     print(f"ran on: {', '.join(ran)}")
 
 
-def _print_latency(times: list[float], per: int = 0) -> None:
-    median = statistics.median(times)
-    line = f"latency: median {median:.3f} ms over {len(times)} run(s)"
+def _print_latency(timing: Timing, per: int = 0) -> None:
+    """The first run on its own line, then the median of the warm runs: the model's speed."""
+    print(f"first run {timing.first_ms:.1f} ms, includes compiling")
+    median = statistics.median(timing.times)
+    line = (
+        f"latency: median {median:.3f} ms over {len(timing.times)} run(s), "
+        f"after {timing.warmup} warm-up run(s)"
+    )
     if per:
         line += f" ({median * 1000 / per:.1f} µs per image)"
     print(line)
@@ -386,14 +470,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("providers", help="installed plugins, EPs, capabilities, broken plugins")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("-v", "--verbose", action="store_true", help="hooks and kernel counts")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="start each EP: capabilities, op and kernel counts, hooks",
+    )
     p.set_defaults(func=cmd_providers)
 
     p = sub.add_parser("run", help="run a model (default: the embedded digits classifier)")
     p.add_argument("model", nargs="?", help="path to a .onnx model")
     p.add_argument("--ep", help="comma-separated EP ids in priority order")
     p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="a feed")
-    p.add_argument("--repeat", type=int, default=1, help="number of runs to time")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=DEFAULT_REPEAT,
+        help=f"timed runs after the warm-up; their median is printed (default {DEFAULT_REPEAT})",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=DEFAULT_WARMUP,
+        help=f"untimed runs after the first one (default {DEFAULT_WARMUP})",
+    )
     p.add_argument("--threads", type=int, default=0, help="intra-op threads")
     p.add_argument("--profile", action="store_true", help="write a Chrome trace")
     p.set_defaults(func=cmd_run)

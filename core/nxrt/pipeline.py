@@ -658,7 +658,12 @@ def choose(
     parallel: HostParallel,
     options: CreateOptions,
 ) -> SessionState:
-    """Stage 2 without ``providers``: the policy picks the EPs, then stages 3 to 7 run."""
+    """Stage 2 without ``providers``: the policy picks the EPs, then stages 3 to 7 run.
+
+    A measured decision is written to the cache only when every candidate was
+    measured (:attr:`~nxrt.selection.Measurement.complete`); one the budget cut
+    short serves this session only.
+    """
     import time
 
     from nxrt import selection as sel
@@ -667,27 +672,36 @@ def choose(
     policy = options.policy
     config = options.config
     dims = sel.parse_dims(config.get(sel.DIMS, ""))
+    shapes = sel.parse_shapes(config.get(sel.SHAPES, ""))
+    graph = loaded.model.graph
+    inputs = [v for v in graph.inputs if v.name not in graph.initializers]
+    sel.check_shapes(inputs, shapes)
     fallback = FALLBACK_EP if options.fallback else ""
     use_cache = config.get(sel.CACHE, "1") not in ("0", "")
     installed = registry.default_order()
+    measured_shapes: dict[str, tuple[int, ...]] | None = None
+    cannot_measure = ""
+    if policy.measures:
+        try:
+            measured_shapes = sel.feed_shapes(inputs, dims, shapes)
+        except NxrtError as exc:  # e.g. map inputs: choose by preference instead of timing
+            cannot_measure = f"not measured ({exc}); chose by preference"
     key = ""
-    if use_cache and policy.measures:
+    if use_cache and measured_shapes is not None:
         versions = [(i, plugin_version(host, registry.providers[i].plugin)) for i in installed]
-        key = sel.cache_key(sel.model_digest(source), versions, parallel.threads, dims)
+        key = sel.cache_key(
+            sel.model_digest(source), versions, parallel.threads, dims, shapes=measured_shapes
+        )
     report = sel.read_cached(key, set(installed)) if key else None
     winner: SessionState | None = None
     infos, unstarted = (
         ep_infos(registry, host, parallel, options.threads) if report is None else ([], [])
     )
     feeds: dict[str, Any] | None = None
-    cannot_measure = ""
-    if report is None and policy.measures:
-        graph = loaded.model.graph
+    if report is None and measured_shapes is not None:
         try:
-            feeds = sel.synthesize_feeds(
-                [v for v in graph.inputs if v.name not in graph.initializers], dims
-            )
-        except NxrtError as exc:  # e.g. map inputs: choose by preference instead of timing
+            feeds = sel.synthesize_feeds(inputs, dims, shapes)
+        except NxrtError as exc:
             cannot_measure = f"not measured ({exc}); chose by preference"
     if feeds is not None:
 
@@ -695,7 +709,7 @@ def choose(
             trial = LoadedModel(loaded.model.clone(), loaded.base_dir, loaded.weights)
             return _Built(_build_for(ids, trial, Host(host.pm), registry, parallel, options))
 
-        choice, built, candidates, note = sel.measure(
+        found = sel.measure(
             infos,
             build_candidate,
             feeds,
@@ -703,13 +717,16 @@ def choose(
             runs=int(config.get(sel.RUNS, sel.DEFAULT_RUNS)),
             settle_ms=float(config.get(sel.SETTLE_MS, sel.DEFAULT_SETTLE_MS)),
             fallback=fallback or FALLBACK_EP,
+            started=started,  # starting the EPs (ep_infos) is part of the budget
         )
-        report = sel.SelectionReport(policy.name, choice, candidates + unstarted, note=note)
-        if built is not None and not loaded.weights:
-            winner = built.state  # built on a clone; with mapped weights, rebuild to keep them lazy
+        report = sel.SelectionReport(
+            policy.name, found.choice, found.candidates + unstarted, note=found.note
+        )
+        if found.built is not None and not loaded.weights:
+            winner = found.built.state  # built on a clone; with mapped weights, rebuild
         report.seconds = time.perf_counter() - started
-        if key and built is not None:
-            sel.write_cached(key, report)
+        if key and found.built is not None:
+            report.cached = sel.write_cached(key, report)  # refused unless complete
     elif report is None:
         ordered = (
             sel.order_for_device(infos, policy)
@@ -772,22 +789,25 @@ def ep_infos(
 
 
 def plugin_version(host: Host, plugin: str) -> str:
-    """The plugin distribution's version and those of what it depends on (its backend)."""
+    """The plugin distribution's identity and those of what it depends on (its backend):
+    version, and source folder for an editable install (:func:`~nxrt.selection.
+    distribution_identity`), so a decision is never shared by code that differs."""
     import re
 
     from importlib_metadata import PackageNotFoundError, distribution
 
+    from nxrt.selection import distribution_identity
+
     info = host.pm.plugin_info.get(plugin)
     if info is None or not info.distribution:
         return "unversioned"
-    parts = [f"{info.distribution}={info.version}"]
+    parts = [distribution_identity(info.distribution)]
     try:
         for requirement in distribution(info.distribution).requires or []:
             name = re.split(r"[ ;<>=!~\[]", requirement, maxsplit=1)[0]
-            try:
-                parts.append(f"{name}={distribution(name).version}")
-            except PackageNotFoundError:
-                continue
+            identity = distribution_identity(name)
+            if not identity.endswith("=unversioned"):
+                parts.append(identity)
     except PackageNotFoundError:
         pass
     return ";".join(parts)

@@ -216,6 +216,11 @@ def estimate_cost(node: ir.Node) -> Cost:
     return Cost(flops, traffic)
 
 
+#: What ``add_kernels`` takes: the kernel table, or a function that imports and returns it
+#: when a session first needs it (so listing EPs imports no kernel module).
+KernelTable = OpRegistry | Callable[[], OpRegistry]
+
+
 @dataclass
 class EpDescriptor:
     """What discovery knows of an EP without opening its backend library."""
@@ -226,9 +231,46 @@ class EpDescriptor:
     device_type: str = "cpu"
     context_sources: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
-    ops: OpRegistry | None = None
+    #: The kernel table as registered: an :class:`OpRegistry`, or its loader (see ``ops``).
+    kernels: KernelTable | None = None
     description: str = ""
     priority: int = 0  # orders the default providers list only (higher first)
+
+    @property
+    def ops(self) -> OpRegistry | None:
+        """The EP's kernel table; one registered as a loader is loaded on first use.
+
+        Loading imports the plugin's kernel modules (and what they import), which
+        is why discovery and ``get_available_providers()`` never read this. A
+        loader that fails is the plugin's :class:`~nxrt.errors.EpLoadFailed`, with
+        its cause.
+        """
+        kernels = self.kernels
+        if kernels is None or isinstance(kernels, OpRegistry):
+            return kernels
+        try:
+            table = kernels()
+            if not isinstance(table, OpRegistry):
+                raise TypeError(
+                    f"the kernel loader of EP {self.id!r} returned {type(table).__name__}, "
+                    "not an OpRegistry"
+                )
+        except Exception as exc:
+            from nxrt.errors import EpLoadFailed
+
+            reason = f"loading the kernels of EP {self.id!r}: {type(exc).__name__}: {exc}"
+            raise EpLoadFailed(self.plugin or self.id, reason) from exc
+        self.kernels = table
+        return table
+
+    @ops.setter
+    def ops(self, value: OpRegistry | None) -> None:
+        self.kernels = value
+
+    @property
+    def ops_loaded(self) -> bool:
+        """Whether ``ops`` is at hand without importing anything."""
+        return self.kernels is None or isinstance(self.kernels, OpRegistry)
 
 
 @dataclass
@@ -308,12 +350,21 @@ class Registrar:
             )
         )
 
-    def add_kernels(self, id: str, ops: OpRegistry) -> None:
-        """Attach a kernel table to an EP this plugin registered."""
-        if not isinstance(ops, OpRegistry):
-            raise TypeError(f"kernels of EP {id!r} must be an OpRegistry, got {type(ops).__name__}")
+    def add_kernels(self, id: str, ops: KernelTable) -> None:
+        """Attach a kernel table to an EP this plugin registered.
+
+        ``ops`` is the :class:`OpRegistry`, or a function without arguments that
+        returns it: pass the function (e.g. one that imports the plugin's ``ops``
+        package) so that listing providers does not import the kernel modules;
+        it is called once, when a session first needs the table.
+        """
+        if not isinstance(ops, OpRegistry) and not callable(ops):
+            raise TypeError(
+                f"kernels of EP {id!r} must be an OpRegistry or a function returning one, "
+                f"got {type(ops).__name__}"
+            )
         for descriptor in self.staged:
             if descriptor.id == id:
-                descriptor.ops = ops
+                descriptor.kernels = ops
                 return
         raise ValueError(f"plugin {self.plugin!r} adds kernels to EP {id!r} it did not register")

@@ -8,12 +8,20 @@ none, the session's provider-selection policy decides
 - ``MEASURE`` (nxrt's default, also ``DEFAULT`` and ``MAX_PERFORMANCE``):
   build every candidate plan — each installed EP with the cpu fallback, cpu
   alone, and mixes where a second EP takes what the first left to cpu — run
-  each a few times on feeds made from the model's input types and shapes, and
-  keep the fastest. Candidates that fail to build or run are skipped and
-  reported. Measuring stops when the creation budget is spent; the best
-  plan so far wins. The decision is cached on disk, keyed by the model's
-  digest, every candidate EP's id and version, the hardware and the thread
-  count, so later sessions cost a lookup.
+  each once untimed (its one-time costs: building, compiling, first-run
+  allocation, reported beside its time but never part of it), then time it on
+  feeds made from the model's input types and shapes, and keep the fastest.
+  Candidates that fail to build or run are skipped and reported. The budget is
+  wall-clock time from the start of selection: no candidate is built, and no
+  timing round started, once it is spent, so selection ends within the budget
+  plus one candidate's build. The decision is cached on disk only when every
+  candidate was measured (or failed): one taken with candidates unmeasured, as
+  on a cold machine where compiling ate the budget, serves this session only,
+  and the next session measures again. The cache key holds what makes a
+  decision valid: nxrt's version, every installed EP's distribution and
+  version (with its backend's, and the source folder of an editable install),
+  the model's digest, the CPU (model, cores, instruction sets, forced targets),
+  the thread count and the input shapes measured.
 - ``PRIORITY``: the EPs in the order of their device-aware preference (the
   ``preference:N`` capability an EP advertises; mlx, for one, is high on a
   GPU and low on a CPU), then declared priority. No measuring.
@@ -27,10 +35,15 @@ imports the pipeline.
 
 Config entries (``SessionOptions.add_session_config_entry``):
 
-- ``nxrt.selection.budget_ms`` — the measuring budget (default 5000);
+- ``nxrt.selection.budget_ms`` — the wall-clock budget of selection, starting the
+  EPs included (default 5000);
 - ``nxrt.selection.runs`` — timing rounds over the candidates (default 7);
 - ``nxrt.selection.dims`` — values for symbolic dims, e.g. ``batch=8,seq=128``;
   any other dynamic dim is 1;
+- ``nxrt.selection.shapes`` — whole input shapes, e.g. ``x:450x1x28x28,mask:450x128``
+  (trtexec's form; a name may hold ``:``, the last one separates), ahead of
+  ``dims``: ``nxrt run`` passes its feeds' shapes, so candidates are measured at
+  the batch about to run;
 - ``nxrt.selection.cache`` — ``0`` turns the on-disk cache off. The cache
   folder is ``platformdirs.user_cache_dir("nxrt")/selection``, or
   ``$NXRT_CACHE_DIR/selection``.
@@ -61,6 +74,7 @@ if TYPE_CHECKING:
 BUDGET_MS = "nxrt.selection.budget_ms"
 RUNS = "nxrt.selection.runs"
 DIMS = "nxrt.selection.dims"
+SHAPES = "nxrt.selection.shapes"
 CACHE = "nxrt.selection.cache"
 DEFAULT_BUDGET_MS = 5000.0
 DEFAULT_RUNS = 7
@@ -69,7 +83,9 @@ SETTLE_MS = "nxrt.selection.settle_ms"
 DEFAULT_SETTLE_MS = 100.0
 #: Timed blocks per candidate; ``runs`` samples are spread over them.
 BLOCKS = 2
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
+#: What a candidate skipped for lack of time says; a report holding one is never cached.
+NOT_MEASURED = "not measured: budget spent"
 
 
 class ExecutionProviderDevicePolicy(enum.Enum):
@@ -144,9 +160,10 @@ def order_for_device(eps: Sequence[EpInfo], policy: ExecutionProviderDevicePolic
 
 def candidates(eps: Sequence[EpInfo], fallback: str = "cpu") -> list[list[str]]:
     """The single-EP candidates in the order they are built: the EP of highest preference
-    with the fallback, the fallback alone (the baseline, so the choice is never slower
-    than it), then every other EP with the fallback. Mixes are added by :func:`measure`
-    once a plan shows what its first EP left to the fallback."""
+    with the fallback, the fallback alone (the baseline: given the budget for a second
+    build, the choice is never slower than it), then every other EP with the fallback.
+    Mixes are added by :func:`measure` once a plan shows what its first EP left to the
+    fallback."""
     others = [[e.id, fallback] for e in order_by_preference(eps) if e.id != fallback]
     return [*others[:1], [fallback], *others[1:]]
 
@@ -166,23 +183,82 @@ def parse_dims(text: str) -> dict[str, int]:
     return dims
 
 
-def synthesize_feeds(inputs: Sequence[ir.Value], dims: Mapping[str, int]) -> dict[str, Any]:
-    """Seeded feeds for the model's inputs; symbolic dims from ``dims``, else 1.
+def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """``"x:450x1x28x28,mask:450x128"`` -> ``{"x": (450, 1, 28, 28), "mask": (450, 128)}``."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, dims = item.rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError(item)
+            shape = tuple(int(d) for d in dims.split("x")) if dims.strip() else ()
+            if any(d < 0 for d in shape):
+                raise ValueError(item)
+        except ValueError:
+            raise InvalidArgument(
+                f"{SHAPES} takes name:shape pairs, e.g. x:8x3x224x224,mask:8x128; got {item!r}"
+            ) from None
+        shapes[name.strip()] = shape
+    return shapes
 
-    Integer inputs get small non-negative values (indices and ids stay in range
-    for most models); floats are standard normal.
-    """
-    rng = np.random.default_rng(0)
-    feeds: dict[str, Any] = {}
+
+def check_shapes(inputs: Sequence[ir.Value], shapes: Mapping[str, Sequence[int]]) -> None:
+    """Refuse ``shapes`` that name no input, or disagree with an input's rank or fixed dims."""
+    by_name = {value.name: value for value in inputs}
+    for name, shape in shapes.items():
+        value = by_name.get(name)
+        if value is None:
+            known = ", ".join(by_name) or "none"
+            raise InvalidArgument(f"{SHAPES} names input {name!r}; the model's inputs: {known}")
+        declared = value.shape
+        if declared is None:
+            continue
+        fixed = [d if isinstance(d, int) else None for d in declared]
+        if len(fixed) != len(shape) or any(f is not None and f != d for f, d in zip(fixed, shape)):
+            want = "x".join("?" if f is None else str(f) for f in fixed)
+            have = "x".join(str(d) for d in shape)
+            raise InvalidArgument(f"{SHAPES} gives input {name!r} shape {have}; it is {want}")
+
+
+def feed_shapes(
+    inputs: Sequence[ir.Value],
+    dims: Mapping[str, int],
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, tuple[int, ...]]:
+    """The shape each input is measured at: from ``shapes``, else its declared shape with
+    symbolic dims from ``dims`` (else 1). A non-tensor input is an ``InvalidArgument``."""
+    result: dict[str, tuple[int, ...]] = {}
     for value in inputs:
         if type(value.type).__name__ != "TensorType" or value.dtype is None:
             raise InvalidArgument(f"input {value.name!r} is not a tensor of known type")
+        if shapes and value.name in shapes:
+            result[value.name] = tuple(int(d) for d in shapes[value.name])
+            continue
         shape = []
         for dim in value.shape or ():
             if isinstance(dim, int):
                 shape.append(dim)
             else:
                 shape.append(int(dims.get(str(getattr(dim, "value", dim)), 1)))
+        result[value.name] = tuple(shape)
+    return result
+
+
+def synthesize_feeds(
+    inputs: Sequence[ir.Value],
+    dims: Mapping[str, int],
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, Any]:
+    """Seeded feeds for the model's inputs, at :func:`feed_shapes`.
+
+    Integer inputs get small non-negative values (indices and ids stay in range
+    for most models); floats are standard normal.
+    """
+    rng = np.random.default_rng(0)
+    feeds: dict[str, Any] = {}
+    resolved = feed_shapes(inputs, dims, shapes)
+    for value in inputs:
+        shape = resolved[value.name]
         dtype = numpy_dtype(int(value.dtype))
         if dtype.kind == "f":
             feeds[value.name] = rng.standard_normal(shape).astype(dtype)
@@ -200,11 +276,21 @@ def synthesize_feeds(inputs: Sequence[ir.Value], dims: Mapping[str, int]) -> dic
 # -- the report ------------------------------------------------------------------------------------
 @dataclass
 class Candidate:
-    """One candidate plan: its providers, and its time (median sample) or why it was skipped."""
+    """One candidate plan: its providers, its time (median warm sample) or why it was
+    skipped, and its one-time costs, kept apart from its time."""
 
     providers: list[str]
     time_ms: float | None = None
     skipped: str = ""
+    #: Building the plan: EPs started, kernels created, claims compiled.
+    build_ms: float | None = None
+    #: Its first run, untimed: first-run allocation and whatever compiles lazily.
+    first_run_ms: float | None = None
+
+    @property
+    def measured(self) -> bool:
+        """Whether the candidate was tried: timed, or failed (a budget skip is neither)."""
+        return self.time_ms is not None or (bool(self.skipped) and self.skipped != NOT_MEASURED)
 
 
 @dataclass
@@ -217,6 +303,13 @@ class SelectionReport:
     from_cache: bool = False
     seconds: float = 0.0
     note: str = ""
+    #: Whether the decision was written to the cache (only when every candidate was tried).
+    cached: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """Whether every candidate was measured (or failed): only such a decision is cached."""
+        return all(c.measured for c in self.candidates)
 
     def lines(self) -> list[str]:
         how = "from the cache" if self.from_cache else f"in {self.seconds:.2f} s"
@@ -224,6 +317,13 @@ class SelectionReport:
         for c in self.candidates:
             mark = "*" if c.providers == self.choice else " "
             what = f"{c.time_ms:.3f} ms" if c.time_ms is not None else f"skipped: {c.skipped}"
+            once = [
+                f"{label} {_duration(ms)}"
+                for label, ms in (("build", c.build_ms), ("first run", c.first_run_ms))
+                if ms is not None
+            ]
+            if once and c.time_ms is not None:
+                what = f"{what:<12} (one-time: {', '.join(once)})"
             lines.append(f"  {mark} {','.join(c.providers):<28} {what}")
         if self.note:
             lines.append(f"  {self.note}")
@@ -233,10 +333,38 @@ class SelectionReport:
         return asdict(self)
 
 
+def _duration(ms: float) -> str:
+    return f"{ms / 1000:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
+
+
 # -- measuring -------------------------------------------------------------------------------------
 #: Builds a candidate from its providers; returns an object whose ``run(feeds)`` runs the
 #: plan once, and whose ``leftover()`` lists the nodes left to the fallback EP.
 BuildCandidate = Callable[[list[str]], Any]
+
+
+@dataclass
+class Measurement:
+    """What :func:`measure` found: the winner, its built object, and every candidate."""
+
+    choice: list[str]
+    #: The winner's built object (``None`` when no candidate was built and run).
+    built: Any
+    candidates: list[Candidate]
+    note: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Whether every candidate was measured (or failed): only then may it be cached."""
+        return all(c.measured for c in self.candidates)
+
+
+@dataclass
+class _Timed:
+    candidate: Candidate
+    plan: Any
+    repeat: int  # runs per sample, so a fast plan's sample spans about a millisecond
+    samples: list[float] = field(default_factory=list)
 
 
 def measure(
@@ -248,30 +376,38 @@ def measure(
     runs: int,
     settle_ms: float = DEFAULT_SETTLE_MS,
     fallback: str = "cpu",
-) -> tuple[list[str], Any, list[Candidate], str]:
-    """Build every candidate, then time them in interleaved blocks; the fastest wins.
+    started: float | None = None,
+) -> Measurement:
+    """Build and run every candidate, then time them in interleaved blocks; the fastest wins.
 
-    Candidates are built (and run twice, which warms them up) in the order of
-    :func:`candidates`, the first two always, the others until the budget is
-    spent; a candidate whose first EP
-    left nodes to the fallback adds a mix with the next EP ahead of the
-    fallback. Timing goes through the built candidates in :data:`BLOCKS`
-    blocks of ``runs / BLOCKS`` samples, the order rotating each block so
-    drift favours none; each block starts with ``settle_ms`` of untimed runs,
-    so the previous candidate's spinning threads have gone idle, as they have
-    when a session runs on its own. A fast plan runs several times per sample
-    so each spans about a millisecond. A candidate's time is its median
-    sample, the figure a user's steady runs see.
+    Candidates are built in the order of :func:`candidates`; a candidate whose
+    first EP left nodes to the fallback adds a mix with the next EP ahead of the
+    fallback. Each built candidate runs once untimed — its build and this first
+    run are its one-time costs (compiling, first-run allocation), recorded
+    apart — then once more for its first warm sample.
 
-    :returns: The winner's providers, its built object (``None`` when every
-        candidate failed), every candidate's result, and a note when the
-        budget cut measuring short.
+    Timing goes through the built candidates in :data:`BLOCKS` blocks of
+    ``runs / BLOCKS`` samples, the order rotating each block so drift favours
+    none; each block starts with ``settle_ms`` of untimed runs, so the previous
+    candidate's spinning threads have gone idle, as they have when a session
+    runs on its own. A candidate's time is its median sample, the figure a
+    user's steady runs see (its first warm sample when no block reached it).
+
+    The budget is wall-clock time from ``started`` (default: now; the pipeline
+    passes the start of selection, so starting the EPs counts too). Once it is
+    spent nothing new starts: no build but the first, no timing of another
+    candidate; so selection ends within the budget plus one candidate's build
+    and first runs. Candidates never built are reported as
+    :data:`NOT_MEASURED`, which makes the result incomplete (never cached).
+
+    :returns: The :class:`Measurement`; its note says when the budget cut
+        measuring short.
     """
     queue = candidates(eps, fallback)
     ids = {e.id for e in eps}
     results: list[Candidate] = []
-    built: list[tuple[Candidate, Any, int]] = []  # candidate, built plan, runs per sample
-    start = time.perf_counter()
+    built: list[_Timed] = []
+    start = time.perf_counter() if started is None else started
     note = ""
 
     def spent() -> float:
@@ -281,58 +417,84 @@ def measure(
         providers = queue.pop(0)
         if any(p not in ids for p in providers):
             continue
-        if len(built) >= 2 and spent() > budget_ms:
-            skipped = [providers, *queue]
-            note = f"budget of {budget_ms:.0f} ms spent; {len(skipped)} candidate(s) not measured"
-            results.extend(Candidate(p, skipped="not measured: budget spent") for p in skipped)
+        if results and spent() >= budget_ms:
+            skipped = [providers, *(p for p in queue if all(i in ids for i in p))]
+            results.extend(Candidate(p, skipped=NOT_MEASURED) for p in skipped)
+            note = (
+                f"budget of {budget_ms:.0f} ms spent; {len(skipped)} candidate(s) not "
+                "measured, so this choice serves this session only (not cached)"
+            )
             break
         candidate = Candidate(providers)
         results.append(candidate)
         try:
-            plan = build(providers)
-            plan.run(feeds)  # warm-up: first-run allocations, lazy compilation
             t0 = time.perf_counter()
+            plan = build(providers)
+            t1 = time.perf_counter()
+            candidate.build_ms = (t1 - t0) * 1000
+            plan.run(feeds)  # one-time costs: first-run allocations, lazy compilation
+            t2 = time.perf_counter()
+            candidate.first_run_ms = (t2 - t1) * 1000
             plan.run(feeds)
-            first_ms = (time.perf_counter() - t0) * 1000
+            warm_ms = (time.perf_counter() - t2) * 1000
         except Exception as exc:  # noqa: BLE001 - a candidate that fails is skipped, never fatal
             candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             continue
-        built.append((candidate, plan, min(50, max(1, int(1.0 / max(first_ms, 1e-3))))))
+        repeat = min(50, max(1, int(1.0 / max(warm_ms, 1e-3))))
+        built.append(_Timed(candidate, plan, repeat, [warm_ms]))
         if len(providers) == 2 and plan.leftover():
             for other in order_by_preference(eps):
                 mix = [providers[0], other.id, fallback]
                 if other.id not in providers and other.id != fallback and mix not in queue:
                     queue.insert(0, mix)
                     break
-    samples: dict[int, list[float]] = {i: [] for i in range(len(built))}
+    first_samples = {id(t): list(t.samples) for t in built}
+    for t in built:
+        t.samples.clear()
     blocks = max(1, min(BLOCKS, runs))
     per_block = max(1, -(-runs // blocks))
     for block in range(blocks):
-        if block >= 1 and spent() > budget_ms:
-            note = note or f"budget of {budget_ms:.0f} ms spent after {block} timing block(s)"
+        order = [built[(block + k) % len(built)] for k in range(len(built))] if built else []
+        if any(_time_block(t, feeds, settle_ms, per_block, spent, budget_ms) for t in order):
+            note = note or f"budget of {budget_ms:.0f} ms spent in timing block {block + 1}"
             break
-        for i in [(block + k) % len(built) for k in range(len(built))] if built else []:
-            candidate, plan, repeat = built[i]
-            try:
-                _settle(plan, feeds, settle_ms)
-                for _ in range(per_block):
-                    t0 = time.perf_counter()
-                    for _ in range(repeat):
-                        plan.run(feeds)
-                    samples[i].append((time.perf_counter() - t0) * 1000 / repeat)
-            except Exception as exc:  # noqa: BLE001 - fails on a later run: skipped too
-                candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-    best: tuple[float, int] | None = None
-    for i, (candidate, _, _) in enumerate(built):
-        if candidate.skipped or not samples[i]:
+    best: _Timed | None = None
+    for t in built:
+        if t.candidate.skipped:
             continue
-        candidate.time_ms = statistics.median(samples[i])
-        if best is None or candidate.time_ms < best[0]:
-            best = (candidate.time_ms, i)
+        t.candidate.time_ms = statistics.median(t.samples or first_samples[id(t)])
+        if best is None or t.candidate.time_ms < (best.candidate.time_ms or 0.0):
+            best = t
     if best is None:
-        return [fallback], None, results, note or "every candidate failed"
-    winner, plan, _ = built[best[1]]
-    return winner.providers, plan, results, note
+        return Measurement([fallback], None, results, note or "every candidate failed")
+    return Measurement(best.candidate.providers, best.plan, results, note)
+
+
+def _time_block(
+    timed: _Timed,
+    feeds: dict[str, Any],
+    settle_ms: float,
+    samples: int,
+    spent: Callable[[], float],
+    budget_ms: float,
+) -> bool:
+    """One candidate's share of a timing block; ``True`` when the budget stopped it."""
+    if timed.candidate.skipped:
+        return False
+    if spent() >= budget_ms:
+        return True
+    try:
+        _settle(timed.plan, feeds, settle_ms)
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            for _ in range(timed.repeat):
+                timed.plan.run(feeds)
+            timed.samples.append((time.perf_counter() - t0) * 1000 / timed.repeat)
+            if spent() >= budget_ms:
+                return True
+    except Exception as exc:  # noqa: BLE001 - fails on a later run: skipped too
+        timed.candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return False
 
 
 def _settle(plan: Any, feeds: dict[str, Any], settle_ms: float) -> None:
@@ -355,18 +517,69 @@ def cache_dir() -> str:
     return os.path.join(root, "selection")
 
 
+#: CPU flags that change which kernels run (and how fast): instruction-set levels.
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+)
+#: Environment variables that force a code-generation target (SPEC 10's AVX2 CI runs).
+TARGET_ENV = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "OPENBLAS_CORETYPE")
+
+
 def hardware() -> str:
-    """The machine a measurement is valid for: architecture, CPU model, core count."""
-    model = platform.processor()
+    """The machine a measurement is valid for: architecture, CPU model, core count, the
+    instruction sets it has, and any code-generation target forced by the environment."""
+    found: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
             for line in info:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = "flags" if key.strip() == "Features" else key.strip()
+                if key in ("model name", "flags"):
+                    found.setdefault(key, value.strip())
+                if len(found) == 2:
                     break
     except OSError:
         pass
-    return f"{platform.system()}-{platform.machine()}-{model}-{os.cpu_count()}"
+    model = found.get("model name", platform.processor())
+    flags = set(found.get("flags", "").split())
+    isa = "+".join(f for f in ISA_FLAGS if f in flags)
+    forced = ";".join(f"{k}={os.environ[k]}" for k in TARGET_ENV if os.environ.get(k))
+    return f"{platform.system()}-{platform.machine()}-{model}-{os.cpu_count()}-{isa}-{forced}"
+
+
+def distribution_identity(name: str) -> str:
+    """``name=version`` of an installed distribution, with its source folder when it is an
+    editable install (checkouts of one version differ in code, so they share no decision);
+    ``name=unversioned`` when it is not installed."""
+    from importlib_metadata import PackageNotFoundError, distribution
+
+    try:
+        dist = distribution(name)
+    except PackageNotFoundError:
+        return f"{name}=unversioned"
+    identity = f"{name}={dist.version}"
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        direct = {}
+    if direct.get("dir_info", {}).get("editable"):
+        identity += f"@{direct.get('url', '')}"
+    return identity
 
 
 def cache_key(
@@ -374,15 +587,32 @@ def cache_key(
     eps: Sequence[tuple[str, str]],
     threads: int,
     dims: Mapping[str, int],
+    *,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    runtime: str | None = None,
 ) -> str:
-    """The key of a decision: model, every candidate EP's (id, version), hardware, threads."""
+    """The key of a decision: everything that makes it valid (module docstring).
+
+    :param model_digest: :func:`model_digest` of the model.
+    :param eps: Every candidate EP's ``(id, version)``, versions as
+        :func:`distribution_identity` gives them.
+    :param threads: The session's intra-op thread count.
+    :param dims: The configured symbolic dims.
+    :param shapes: The input shapes measured (:func:`feed_shapes`).
+    :param runtime: nxrt's own identity; default :func:`distribution_identity` of nxrt.
+    """
+    from nxrt import __version__
+
     parts = {
         "format": CACHE_FORMAT,
+        "nxrt": runtime if runtime is not None else distribution_identity("nxrt"),
+        "nxrt_version": __version__,
         "model": model_digest,
         "eps": sorted(f"{ep_id}={version}" for ep_id, version in eps),
         "hardware": hardware(),
         "threads": threads,
         "dims": sorted(dims.items()),
+        "shapes": sorted((k, list(v)) for k, v in (shapes or {}).items()),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -399,24 +629,33 @@ def read_cached(key: str, installed: set[str]) -> SelectionReport | None:
             candidates=[Candidate(**c) for c in data["candidates"]],
             seconds=float(data.get("seconds", 0.0)),
             note=str(data.get("note", "")),
+            cached=True,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not report.choice or any(p not in installed for p in report.choice):
         return None
+    if not report.complete:  # written by an older nxrt that cached incomplete decisions
+        return None
     report.from_cache = True
     return report
 
 
-def write_cached(key: str, report: SelectionReport) -> None:
-    """Store a decision; a cache that cannot be written only costs the next session time."""
+def write_cached(key: str, report: SelectionReport) -> bool:
+    """Store a complete decision; returns whether it was written. An incomplete one (a
+    candidate not measured) is refused: it would spoil every later session. A cache that
+    cannot be written only costs the next session time."""
+    if not report.complete:
+        return False
     data = report.to_dict()
     data.pop("from_cache", None)
+    data.pop("cached", None)
     try:
         os.makedirs(cache_dir(), exist_ok=True)
         write_atomically(os.path.join(cache_dir(), f"{key}.json"), json.dumps(data).encode())
     except OSError:
-        pass
+        return False
+    return True
 
 
 def model_digest(source: Any) -> str:

@@ -20,10 +20,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
-import onnx_ir as ir
 
 from nxrt.errors import InvalidResident, MissingRegions, Unsupported
-from nxrt.tensor import ExternalMmapRegion
+
+if TYPE_CHECKING:
+    # onnx_ir (and nxrt.tensor, which imports it) pull in onnx and ml_dtypes, about a
+    # second; plugins import this module for ExecutionProviderCapabilities while they are
+    # discovered, so both are imported where a weight is made, not at module import.
+    import onnx_ir as ir
+
+    from nxrt.tensor import ExternalMmapRegion
 
 #: Capability flag advertised by paging-aware execution providers.
 NXRT_WEIGHT_PAGING_CAPABILITY = "nxrt"
@@ -91,6 +97,8 @@ class ExecutionProviderCapabilities:
 
 
 def _as_data_type(dtype: Any) -> ir.DataType:
+    import onnx_ir as ir
+
     if isinstance(dtype, ir.DataType):
         return dtype
     if isinstance(dtype, int) and not isinstance(dtype, bool):
@@ -252,6 +260,8 @@ class LazyWeight:
     ) -> None:
         if not isinstance(boundary, LazyWeightBoundary):
             raise TypeError(f"boundary must be a LazyWeightBoundary, got {boundary!r}")
+        from nxrt.tensor import ExternalMmapRegion
+
         regions = tuple(regions)
         if not regions:
             raise MissingRegions()
@@ -430,6 +440,17 @@ _attach(WeightHandle, "Resident", ResidentWeightHandle)
 _attach(WeightHandle, "Lazy", LazyWeightHandle)
 _attach(NegotiatedWeight, "Resident", NegotiatedResident)
 _attach(NegotiatedWeight, "Lazy", NegotiatedLazy)
+
+
+def __getattr__(name: str) -> Any:
+    """``ExternalMmapRegion``, re-exported from :mod:`nxrt.tensor` on first use (it imports
+    onnx_ir, which discovery must not)."""
+    if name == "ExternalMmapRegion":
+        from nxrt.tensor import ExternalMmapRegion
+
+        return ExternalMmapRegion
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "NXRT_WEIGHT_PAGING_CAPABILITY",

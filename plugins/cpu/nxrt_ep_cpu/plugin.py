@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from nxrt.kernel import KernelMatch
     from nxrt.provider import EpConfig, ExecutionProvider
-    from nxrt.registry import Registrar
+    from nxrt.registry import OpRegistry, Registrar
 
 EP_ID = "cpu"
 
@@ -24,10 +24,16 @@ def _create(config: EpConfig) -> ExecutionProvider:
     return CpuExecutionProvider(config)
 
 
-@nxrt.hookimpl
-def nxrt_register(registry: Registrar) -> None:
+def _kernels() -> OpRegistry:
+    """The kernel table, imported when a session first needs it: the op modules import
+    onnx and numpy's machinery, which listing providers must not pay for."""
     from nxrt_ep_cpu.ops import CPU_OPS
 
+    return CPU_OPS
+
+
+@nxrt.hookimpl
+def nxrt_register(registry: Registrar) -> None:
     registry.add_provider(
         EP_ID,
         _create,
@@ -35,7 +41,7 @@ def nxrt_register(registry: Registrar) -> None:
         aliases=("CPUExecutionProvider",),
         description="numpy kernels for the ONNX standard opset",
     )
-    registry.add_kernels(EP_ID, CPU_OPS)
+    registry.add_kernels(EP_ID, _kernels)
 
 
 @nxrt.hookimpl
