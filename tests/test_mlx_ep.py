@@ -6,6 +6,9 @@ the optimized BLAS is loaded first, as in any session.
 
 from __future__ import annotations
 
+import ctypes
+import json
+import os
 import subprocess
 import sys
 
@@ -103,11 +106,152 @@ def test_the_optimized_blas_is_loaded_when_present():
     if sys.platform != "linux" or find_openblas() is None:
         assert find_openblas() is None or sys.platform == "darwin"
         return
-    code = "from nxrt_ep_mlx._backend import load_blas, load_mlx; print(load_blas()); load_mlx()"
+    code = (
+        "import ctypes\n"
+        "from nxrt_ep_mlx._backend import load_blas, load_mlx\n"
+        "print(load_blas()); load_mlx()\n"
+        "print(hasattr(ctypes.CDLL(None), 'cblas_sgemm'))\n"  # promoted to the global scope
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
-    assert result.stdout.strip() == "openblas"
+    assert result.stdout.split() == ["openblas", "True"]
+
+
+# -- the BLAS under MLX: the self-check, and MLX's results on it ------------------------------
+
+
+def _has_avx2() -> bool:
+    """Whether this CPU can run OpenBLAS's AVX2 (Haswell) kernels, those AMD EPYC/Ryzen get,
+    whose sgemm sums some blocks of columns in another order (equal columns come out ulps
+    apart)."""
+    if sys.platform != "linux" or not os.path.exists("/proc/cpuinfo"):
+        return False
+    with open("/proc/cpuinfo") as cpuinfo:
+        return {"avx2", "fma"} <= set(cpuinfo.read().split())
+
+
+HAS_AVX2 = _has_avx2()
+
+
+def _fake_cblas(mistake=None):
+    """A stand-in for a CBLAS library whose ``cblas_sgemm`` is numpy, with ``mistake``
+    applied to C after the product (and ``beta * C`` read even when beta is 0, if asked)."""
+    from nxrt_ep_mlx._backend import TRANS
+
+    def view(address, rows, ld):
+        pointer = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(pointer, shape=(rows, ld))
+
+    def cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        a = view(a, k if ta == TRANS else m, lda)[:, : (m if ta == TRANS else k)]
+        b = view(b, n if tb == TRANS else k, ldb)[:, : (k if tb == TRANS else n)]
+        c = view(c, m, ldc)[:, :n]
+        product = alpha * ((a.T if ta == TRANS else a) @ (b.T if tb == TRANS else b))
+        if mistake == "reads-C-when-beta-is-0" or beta:
+            product = product + beta * c
+        product = product.astype(np.float32)
+        if mistake == "ulps-apart-in-a-column-block":  # what OpenBLAS's Haswell kernel may do
+            up = np.float32(np.inf)
+            product[:, -8:] = np.nextafter(np.nextafter(product[:, -8:], up), up)
+        if mistake == "wrong-N-edge":
+            product[:, -8:] *= 1.001
+        c[...] = product
+
+    class Library:
+        pass
+
+    library = Library()
+    library.cblas_sgemm = cblas_sgemm
+    return library
+
+
+def test_the_blas_self_check_holds_gemm_to_float32_error_not_to_bitwise_equality():
+    from nxrt_ep_mlx._backend import check_gemm
+
+    assert check_gemm(_fake_cblas()) is None
+    # a kernel may round equal columns differently: within float32's error bound, accepted
+    assert check_gemm(_fake_cblas("ulps-apart-in-a-column-block")) is None
+    assert check_gemm(_fake_cblas("reads-C-when-beta-is-0")) == (
+        "sgemm-conv1x1-169x1000x512:169000/169000-nan"
+    )
+    reason = check_gemm(_fake_cblas("wrong-N-edge"))
+    assert reason.startswith("sgemm-conv1x1-169x1000x512:error-"), reason
+    assert check_gemm(object()) == "no-cblas_sgemm"
+
+
+def test_a_blas_that_fails_the_self_check_stays_out_of_mlx_and_says_why():
+    from nxrt_ep_mlx._backend import find_openblas
+
+    if sys.platform != "linux" or find_openblas() is None:
+        pytest.skip("no OpenBLAS library to reject here")
+    code = (
+        "import ctypes, json, numpy as np\n"
+        "from nxrt_ep_mlx import _backend\n"
+        "_backend.check_gemm = lambda library: 'sgemm-forced:failure'\n"
+        "info = _backend.blas_info()\n"
+        "mx = _backend.load_mlx()\n"
+        "a = np.arange(12, dtype=np.float32).reshape(3, 4)\n"
+        "np.testing.assert_allclose(np.array(mx.array(a) @ mx.array(a.T)), a @ a.T)\n"
+        "print(json.dumps([info.flags(), hasattr(ctypes.CDLL(None), 'cblas_sgemm')]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    flags, global_sgemm = json.loads(result.stdout.strip().splitlines()[-1])
+    name = os.path.basename(find_openblas())
+    assert flags == ["blas:reference", f"blas-rejected:{name}:sgemm-forced:failure"]
+    assert not global_sgemm  # opened RTLD_LOCAL for the check, never made global
+    assert "GEMM self-check failed" in result.stderr
+
+
+_MLX_ON_THE_SQUEEZENET_PATTERN = """
+import ctypes, json, numpy as np
+from nxrt_ep_mlx._backend import blas_info, check_gemm, load_mlx
+info = blas_info()
+mx = load_mlx()
+if info.path:  # the library MLX runs on passes the self-check as loaded
+    assert check_gemm(ctypes.CDLL(info.path)) is None, info
+rng = np.random.default_rng(3)
+# squeezenet's conv10 as the light model has it: 512 -> 1000 channels over 13x13, weights 0.02
+x = (rng.random((1, 13, 13, 512), dtype=np.float32) * 1e6).astype(np.float32)
+w = np.full((1000, 1, 1, 512), 0.02, np.float32)
+bias = rng.standard_normal(1000).astype(np.float32)
+x2, w2 = x.reshape(169, 512), w.reshape(1000, 512)
+want = x2.astype(np.float64) @ w2.astype(np.float64).T
+bound = 4 * 514 * 2.0**-24 * np.outer(np.linalg.norm(x2, axis=1), np.linalg.norm(w2, axis=1))
+got = {
+    "conv2d": np.array(mx.conv2d(mx.array(x), mx.array(w))).reshape(169, 1000),
+    "matmul": np.array(mx.array(x2) @ mx.array(w2).T),
+    "addmm": np.array(mx.addmm(mx.array(bias), mx.array(x2), mx.array(w2).T)) - bias,
+}
+for name, value in got.items():
+    assert np.all(np.abs(value - want) <= bound + 2.0**-23 * np.abs(bias)), name
+print(json.dumps(info.flags()))
+"""
+
+
+@pytest.mark.parametrize("kernel", ["default", "avx2"])
+def test_the_blas_under_mlx_gives_float32_exact_results_on_the_squeezenet_pattern(kernel):
+    """On every CPU: the BLAS the EP puts under MLX (whichever it finds, with the kernel
+    OpenBLAS picks, and with OpenBLAS's AVX2 kernels forced where the CPU has AVX2) gives
+    MLX's conv2d, matmul and addmm float32-exact results on squeezenet's classifier conv."""
+    env = dict(os.environ)
+    if kernel == "avx2":
+        if not HAS_AVX2:
+            pytest.skip("this CPU cannot run OpenBLAS's Haswell kernels")
+        env["OPENBLAS_CORETYPE"] = "Haswell"
+    result = subprocess.run(
+        [sys.executable, "-c", _MLX_ON_THE_SQUEEZENET_PATTERN],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    flags = json.loads(result.stdout.strip().splitlines()[-1])
+    if kernel == "avx2" and "blas:openblas" in flags:
+        assert "blas-core:Haswell" in flags, flags
 
 
 def test_device_and_memory_limit_options(mlx_pm):
@@ -376,17 +520,97 @@ def test_a_saved_context_runs_in_a_fresh_process(mlx_pm, tmp_path):
 # -- whole models ------------------------------------------------------------------------------
 
 
+def _with_logits(path: str) -> onnx.ModelProto:
+    """The model with the input of each Softmax that makes a graph output as an output too.
+
+    The light models' weights are constants (squeezenet's all 0.02), so with the backend
+    runner's input their 1000 logits are equal and large (squeezenet: 9.5e9, where a float32
+    ulp is 1024): softmax turns a one-ulp difference between two of them into exp(-1024) = 0
+    next to 1/992. A BLAS may round equal columns differently (OpenBLAS's Haswell/Zen sgemm
+    does, block by block of columns), as two implementations may round any value differently,
+    so the probabilities cannot be compared to ONNX Runtime's; the logits, and each EP's softmax
+    of its own logits, can (:func:`_assert_matches_onnxruntime`).
+    """
+    model = onnx.load(path)
+    outputs = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        if node.op_type == "Softmax" and node.output[0] in outputs and node.input[0] not in outputs:
+            logits = helper.make_tensor_value_info(node.input[0], TensorProto.FLOAT, None)
+            model.graph.output.append(logits)
+            outputs.add(node.input[0])
+    return model
+
+
+def _softmax(x: np.ndarray, node: onnx.NodeProto, opset: int) -> np.ndarray:
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
+    axis %= x.ndim
+    x = x.astype(np.float64)
+    flat = x.reshape(int(np.prod(x.shape[:axis])), -1) if opset < 13 else x
+    e = np.exp(flat - flat.max(axis=-1 if opset < 13 else axis, keepdims=True))
+    return (e / e.sum(axis=-1 if opset < 13 else axis, keepdims=True)).reshape(x.shape)
+
+
+def _assert_matches_onnxruntime(model: onnx.ModelProto, got: list, want: list) -> None:
+    """Everything but softmax probabilities close to ONNX Runtime; probabilities close to the
+    softmax of the EP's own logits (well-conditioned whatever the logits are)."""
+    names = [o.name for o in model.graph.output]
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    softmaxes = {n.output[0]: n for n in model.graph.node if n.op_type == "Softmax"}
+    for name, g, w in zip(names, got, want):
+        node = softmaxes.get(name)
+        if node is not None and node.input[0] in names:
+            logits = got[names.index(node.input[0])]
+            np.testing.assert_allclose(g, _softmax(logits, node, opset), rtol=1e-3, atol=1e-6)
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_matches_onnxruntime(name):
-    path = light_model_path(name)
-    session = nxrt.InferenceSession(path, providers=["mlx", "cpu"])
+    model = _with_logits(light_model_path(name))
+    data = model.SerializeToString()
+    session = nxrt.InferenceSession(data, providers=["mlx", "cpu"])
     feeds = dummy_feeds(session)
-    got = session.run(None, feeds)
-    for g, w in zip(got, _ort(path, feeds)):
-        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
+    _assert_matches_onnxruntime(model, session.run(None, feeds), _ort(model, feeds))
     counts = session.get_partition().nodes_per_ep()
     assert counts["mlx"] > 0.9 * sum(counts.values()), counts
+
+
+@pytest.mark.slow
+def test_squeezenet_on_openblas_avx2_kernels_matches_onnxruntime(tmp_path):
+    """The reported failure: squeezenet on an AVX2 CPU (AMD EPYC), where OpenBLAS runs its
+    Haswell/Zen kernels. Forced here where the CPU has AVX2 (the default kernel elsewhere)."""
+    model = _with_logits(light_model_path("squeezenet"))
+    path = tmp_path / "squeezenet.onnx"
+    onnx.save(model, str(path))
+    code = (
+        "import sys, json, numpy as np, nxrt\n"
+        "from nxrt.testing import dummy_feeds\n"
+        "from nxrt_ep_mlx._backend import blas_info\n"
+        "session = nxrt.InferenceSession(sys.argv[1], providers=['mlx', 'cpu'])\n"
+        "got = session.run(None, dummy_feeds(session))\n"
+        "np.savez(sys.argv[2], *got)\n"
+        "print(json.dumps(blas_info().flags()))\n"
+    )
+    env = dict(os.environ)
+    if HAS_AVX2:
+        env["OPENBLAS_CORETYPE"] = "Haswell"
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(path), str(tmp_path / "got.npz")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    flags = json.loads(result.stdout.strip().splitlines()[-1])
+    if HAS_AVX2 and "blas:openblas" in flags:
+        assert "blas-core:Haswell" in flags, flags
+    with np.load(tmp_path / "got.npz") as saved:
+        got = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    _assert_matches_onnxruntime(model, got, _ort(str(path), dummy_feeds(session)))
 
 
 def transformer_block(seq=16, hidden=64, heads=4, ffn=128) -> onnx.ModelProto:

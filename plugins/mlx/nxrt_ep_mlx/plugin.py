@@ -59,6 +59,7 @@ def nxrt_register(registry: Registrar) -> None:
 def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities | None:
     if ep.id != EP_ID:
         return None
+    info = getattr(ep, "blas_info", None)
     return ExecutionProviderCapabilities.from_flags(
         [
             "epcontext",
@@ -66,7 +67,9 @@ def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities
             "dtype:float32",
             "dtype:float16",
             "dtype:bfloat16",
-            f"blas:{getattr(ep, 'blas', 'unknown')}",
+            # blas:NAME, blas-core:KERNEL, and blas-rejected:LIBRARY:CHECK when the library
+            # found failed the GEMM self-check (nxrt_ep_mlx._backend.check_gemm)
+            *(info.flags() if info is not None else ["blas:unknown"]),
             # first on a GPU (Metal, CUDA); on a CPU MLX is the slowest EP measured, so last
             f"preference:{40 if ep.device_type == 'gpu' else -10}",
         ]

@@ -24,7 +24,7 @@ import numpy as np
 from nxrt.epcontext import EpContext
 from nxrt.errors import InvalidModel
 from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt_ep_mlx._backend import load_blas, load_mlx
+from nxrt_ep_mlx._backend import blas_info, load_mlx
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -45,8 +45,10 @@ class MlxExecutionProvider(ExecutionProvider):
         from nxrt_ep_mlx.ops import MLX_OPS
 
         super().__init__(config, MLX_OPS)
-        #: Which BLAS MLX's CPU matrix products run on ("openblas", "reference", ...).
-        self.blas = load_blas()
+        #: Which BLAS MLX's CPU matrix products run on, its kernel, and why another was not.
+        self.blas_info = blas_info()
+        #: Its name: "openblas", "reference", ...
+        self.blas = self.blas_info.name
         self.mx = load_mlx()
         mx = self.mx
         options = self.config.options
