@@ -1,13 +1,17 @@
 # Two commands set everything up: `make run` and `make test`.
 # `make test-fast` skips the slow tests (pip installs, the EP kit, conformance suites, real
 # models); `make lint` is ruff check and ruff format --check over the repository.
+# `make test-avx2` runs the kernel, conformance and determinism tests again with numba and
+# OpenBLAS forced to AVX2 code (what an AVX2-only CPU runs, built on any x86-64 that has
+# AVX2); `make test-no-omp` runs them without numba's OpenMP layer and without a system
+# OpenBLAS under MLX. .ci/run runs all of them.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 STAMP := $(VENV)/.nxrt-installed
 
-.PHONY: run test test-fast lint bench clean
+.PHONY: run test test-fast test-avx2 test-no-omp lint bench clean
 
 run: $(STAMP)
 	$(VENV)/bin/nxrt run
@@ -17,6 +21,18 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+KERNEL_TESTS := tests/test_cpu_kernels.py $(wildcard tests/test_jit_*.py) \
+	tests/test_conformance.py tests/test_determinism.py tests/test_jit_target.py
+
+# OPENBLAS_CORETYPE is left as it is where the machine sets it (older OpenBLAS builds need it).
+test-avx2: $(STAMP)
+	NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES= OPENBLAS_CORETYPE=$${OPENBLAS_CORETYPE:-Haswell} \
+		$(PY) -m pytest -q $(KERNEL_TESTS)
+
+test-no-omp: $(STAMP)
+	NUMBA_THREADING_LAYER=workqueue NXRT_MLX_BLAS=reference \
+		$(PY) -m pytest -q tests/test_cpu_kernels.py tests/test_determinism.py tests/test_mlx_ep.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
