@@ -82,7 +82,9 @@ def nxrt_register(registry: Registrar) -> None:
         :class:`~nxrt.provider.ExecutionProvider` (import the backend library
         inside the factory, not at module import), and
         ``registry.add_kernels(id, ops)`` with the EP's
-        :class:`~nxrt.registry.OpRegistry`.
+        :class:`~nxrt.registry.OpRegistry`, or with a function that imports and
+        returns it: the table then loads when a session first needs it, so that
+        listing providers imports none of the plugin's kernel modules.
 
     :returns: Nothing; additions go through ``registry``, which validates
         them and records which plugin made them.
@@ -97,6 +99,8 @@ def nxrt_register(registry: Registrar) -> None:
     supported on this hook.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.1
+       ``add_kernels`` takes a function returning the table.
     """
 
 
