@@ -8,8 +8,13 @@ sessions created and dropped in a loop do not leak memory or threads.
 from __future__ import annotations
 
 import gc
+import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -222,6 +227,144 @@ def test_a_plugin_asked_for_by_name_fails_loudly_with_its_cause(nxrt_pm):
     assert isinstance(info.value.__cause__, ImportError)
     assert not isinstance(info.value, EpPanicked)
     assert Host(nxrt_pm).build_registry().resolve("accel") is not None  # discovery was cheap
+
+
+# -- another library's C++ that crashes -------------------------------------------------------
+#: A model skl2onnx converts with ``decision_path`` (issue 33): onnx 1.23's shape inference
+#: dies of a segmentation fault on its LabelEncoder, whose input nothing types.
+REGRESSIONS = Path(__file__).parent / "regressions"
+DECISION_PATH = REGRESSIONS / "decision_path_labelencoder_shape_inference.npz"
+
+#: Run in a fresh interpreter: session(s) on the model, outputs against the expected ones.
+_SESSION_SCRIPT = """
+import logging, sys, threading
+import numpy as np
+import nxrt
+from nxrt.fuzz.case import Case
+
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+case = Case.load(sys.argv[1])
+model = case.model.SerializeToString()
+threads = int(sys.argv[2])
+failures = []
+
+def one():
+    try:
+        for _ in range(2):
+            session = nxrt.InferenceSession(model, providers=["cpu"])
+            got = session.run(None, case.feeds)
+            for name, value in zip(case.output_names(), got):
+                want = case.expected[name]
+                if want.dtype.kind == "f":
+                    np.testing.assert_allclose(value, want, rtol=1e-6)
+                else:
+                    assert value.tolist() == want.tolist(), (name, value, want)
+    except BaseException as exc:
+        failures.append(repr(exc))
+
+workers = [threading.Thread(target=one) for _ in range(threads)]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join()
+print("failures:", failures)
+print("outputs agree" if not failures else "outputs differ")
+"""
+
+
+def _python(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_onnx_shape_inference_still_crashes_on_the_decision_path_model():
+    """The premise of the tests below (onnx 1.23): if onnx fixes it, they still hold, and
+    this one says the workaround's premise is gone."""
+    script = (
+        "import sys, onnx; from nxrt.fuzz.case import Case; "
+        "onnx.shape_inference.infer_shapes(Case.load(sys.argv[1]).model)"
+    )
+    done = _python("-c", script, str(DECISION_PATH))
+    assert done.returncode == -signal.SIGSEGV, (done.returncode, done.stderr[-2000:])
+
+
+@pytest.mark.parametrize(
+    "mode, threads",
+    [("fork", 1), ("helper", 1), ("fork", 4)],
+    ids=["direct_fork", "helper_process", "four_threads"],
+)
+def test_a_model_that_crashes_onnx_runs_and_its_process_lives(mode, threads):
+    """A session on a model that crashes onnx's shape inference: the process lives, the
+    model runs and gives onnxruntime's outputs, and the log says what happened."""
+    done = _python(
+        "-c", _SESSION_SCRIPT, str(DECISION_PATH), str(threads), env={"NXRT_CONTAINED": mode}
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert "outputs agree" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "onnx's shape inference crashed on this model" in done.stderr
+    assert "was killed by SIGSEGV" in done.stderr
+
+
+#: Tasks for :func:`nxrt.contained.run`, written to a module the helper can import too.
+_TASKS = """
+import ctypes
+
+def double(value, emit):
+    emit(value * 2)
+
+def crash(emit):
+    emit(b"before the crash")
+    ctypes.string_at(0)
+
+def fail(emit):
+    emit(b"before the error")
+    raise ValueError("a Python error")
+"""
+
+_RUN_SCRIPT = """
+import json
+from nxrt import contained
+import tasks
+
+report = {"double": contained.run(tasks.double, b"ab")[0].decode()}
+for name in ("crash", "fail"):
+    try:
+        contained.run(getattr(tasks, name))
+    except contained.ChildDied as died:
+        report[name] = [died.reason, [r.decode() for r in died.records]]
+report["after"] = contained.run(tasks.double, b"cd")[0].decode()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "helper"])
+def test_a_crash_in_a_contained_task_is_reported_with_what_it_sent(tmp_path, mode):
+    """A segmentation fault or an exception in the child ends only the child: the caller
+    gets :class:`~nxrt.contained.ChildDied` with the records sent before, and goes on."""
+    (tmp_path / "tasks.py").write_text(_TASKS)
+    env = {"NXRT_CONTAINED": mode, "PYTHONPATH": str(tmp_path)}
+    done = _python("-c", _RUN_SCRIPT, env=env)
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["double"] == "abab" and report["after"] == "cdcd"
+    assert report["crash"] == ["was killed by SIGSEGV", ["before the crash"]]
+    assert report["fail"] == ["raised ValueError: a Python error", ["before the error"]]
+
+
+def test_a_checker_that_does_not_finish_in_time_is_an_invalid_model(monkeypatch):
+    """A child that outlives ``NXRT_CONTAINED_TIMEOUT`` is killed, and a model whose check
+    never finished is refused with a message that says so."""
+    count = 20000
+    nodes = [helper.make_node("Identity", [f"v{i}"], [f"v{i + 1}"]) for i in range(count)]
+    model = model_of(nodes, [vi("v0", [2])], [vi(f"v{count}", [2])])
+    monkeypatch.setenv("NXRT_CONTAINED_TIMEOUT", "0.001")
+    with pytest.raises(InvalidModel, match="did not finish in 0.001 s"):
+        nxrt.InferenceSession(model.SerializeToString(), providers=["cpu"])
 
 
 # -- time and memory --------------------------------------------------------------------------

@@ -1240,3 +1240,61 @@ def test_cast_map_matches_onnxruntime() -> None:
             {3: 2.5, 0: -1.0, 1: 7.0} if value_type == TensorProto.FLOAT else {3: "2.5", 1: "7"}
         )
         check_model(model.SerializeToString(), {"X": values})
+
+
+# -- decision_path / decision_leaf ----------------------------------------------------------------
+#: Tree models skl2onnx converts with ``decision_path`` (a LabelEncoder with string outputs
+#: after a TreeEnsembleRegressor) and ``decision_leaf``: onnx 1.23's shape inference crashes
+#: the process on every ``decision_path`` model (nxrt contains it, :mod:`nxrt.contained`).
+DECISION_TREES = {
+    "decision_tree_classifier": (tree.DecisionTreeClassifier, "iris"),
+    "decision_tree_regressor": (tree.DecisionTreeRegressor, "diabetes"),
+    "extra_tree_classifier": (tree.ExtraTreeClassifier, "iris"),
+    "extra_tree_regressor": (tree.ExtraTreeRegressor, "diabetes"),
+    "extra_trees_classifier": (ensemble.ExtraTreesClassifier, "iris"),
+    "extra_trees_regressor": (ensemble.ExtraTreesRegressor, "diabetes"),
+}
+DECISION_OPTIONS = {
+    "path": {"decision_path": True},
+    "leaf": {"decision_leaf": True},
+    "path_and_leaf": {"decision_path": True, "decision_leaf": True},
+}
+
+
+def decision_model(name: str, option: str) -> tuple[bytes, np.ndarray, Any]:
+    """A tree model of :data:`DECISION_TREES` converted with a :data:`DECISION_OPTIONS` entry
+    (the model bytes, rows to evaluate, the fitted estimator)."""
+    kind, dataset = DECISION_TREES[name]
+    x, y = data(dataset)
+    extra = {"n_estimators": 3} if issubclass(kind, ensemble.BaseEnsemble) else {}
+    model = kind(max_depth=3, random_state=0, **extra).fit(x, y)
+    options = dict(DECISION_OPTIONS[option])
+    if hasattr(model, "predict_proba"):
+        options["zipmap"] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onx = to_onnx(model, x[:1], options={id(model): options}, target_opset=18)
+    return onx.SerializeToString(), x[::7], model
+
+
+@pytest.mark.parametrize("option", list(DECISION_OPTIONS))
+@pytest.mark.parametrize("name", list(DECISION_TREES))
+def test_decision_path_and_leaf_match_onnxruntime(name: str, option: str) -> None:
+    """Labels, probabilities (or predictions), the decision-path strings and the leaf
+    indices, as ONNX Runtime gives them; the path strings are scikit-learn's too."""
+    onx, x, model = decision_model(name, option)
+    session, reference, got, want = run_both(onx, {"X": x})
+    outputs = [arg.name for arg in reference.get_outputs()]
+    assert [(a.name, a.type) for a in session.get_outputs()] == [
+        (a.name, a.type) for a in reference.get_outputs()
+    ]
+    for where, g, w in zip(outputs, got, want):
+        assert_same(g, w, where)
+    if "decision_path" in outputs:
+        paths = got[outputs.index("decision_path")]
+        assert paths.dtype == object and isinstance(paths.flat[0], str)
+        estimators = getattr(model, "estimators_", [model])
+        for column, estimator in enumerate(estimators):
+            nodes = estimator.decision_path(x).toarray()
+            expected = ["".join(str(v) for v in row) for row in nodes]
+            assert list(paths[:, column]) == expected, f"{name}: tree {column}'s paths"

@@ -17,12 +17,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from nxrt import contained
 from nxrt.errors import InvalidModel, ModelNotFound, ModelNotParsed
 from nxrt.registry import normalize_domain
 from nxrt.values import MapType, complete_types, hide_map_types, restore_map_types
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+
+    from nxrt.contained import Emit
+
+logger = logging.getLogger("nxrt")
 
 
 def read_proto(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -73,25 +78,125 @@ def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     Both run on a copy without the weights' bytes (:func:`_types_only`): each
     passes the whole model through C++ as serialized bytes, and shape
     inference returns yet another full copy (measured on a 650 MB decoder: a
-    3.2 GB peak in this function, 1.4 GB without the weights).
+    3.2 GB peak in this function, 1.4 GB without the weights). Both run in a
+    child process (:mod:`nxrt.contained`), because some models crash them: a
+    crash of the checker refuses the model with :class:`InvalidModel`, one of
+    shape inference leaves the types to the schemas (:func:`_contained_types`).
     """
     from nxrt.external_data import external_data_hidden_from_checker
 
     light = _types_only(proto)
     _initializers_listed_as_inputs(light)
-    try:
-        with _outputs_typed_for_checker(light), external_data_hidden_from_checker(light):
-            onnx.checker.check_model(light)
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise InvalidModel(f"the model fails the ONNX checker: {first}") from exc
+    with _outputs_typed_for_checker(light), external_data_hidden_from_checker(light):
+        for_checker = light.SerializeToString()
     _eye_like_as_cast(light.graph)
-    try:
-        inferred = complete_types(light, _infer_shapes)
-    except Exception:  # noqa: BLE001 - inference is an aid, never required
-        return proto
-    _take_inferred_types(proto.graph, inferred.graph)
+    inferred = _contained_types(for_checker, light)
+    if inferred is not None:
+        _take_inferred_types(proto.graph, inferred)
     return proto
+
+
+#: What the child of :func:`_check_and_infer` reports, each a record's first bytes.
+_CHECKED, _REFUSED, _TYPED, _UNTYPED = b"checked", b"refused:", b"typed:", b"untyped"
+
+
+def _check_and_infer(
+    for_checker: bytes | None, light: onnx.ModelProto, schemas_first: bool, emit: Emit
+) -> None:
+    """A contained child's work: the checker on ``for_checker`` (``None``: skipped), then
+    shape inference on ``light``; emits the checker's verdict, then the inferred types
+    (only :func:`_types_of`: no attribute, no initializer travels back)."""
+    if for_checker is not None:
+        try:
+            onnx.checker.check_model(for_checker)
+        except onnx.checker.ValidationError as exc:
+            text = str(exc).strip()
+            first = text.splitlines()[0] if text else repr(exc)
+            emit(_REFUSED + first.encode(errors="replace"))
+            return
+        emit(_CHECKED)
+    try:
+        inferred = complete_types(light, _infer_shapes, schemas_first=schemas_first)
+    except Exception:  # noqa: BLE001 - inference is an aid, never required
+        emit(_UNTYPED)
+        return
+    emit(_TYPED + _types_of(inferred.graph).SerializeToString())
+
+
+def _contained_types(for_checker: bytes, light: onnx.ModelProto) -> onnx.GraphProto | None:
+    """The checker's verdict on ``for_checker`` (``light`` as the checker takes it, see
+    :func:`_outputs_typed_for_checker`) and the inferred types of ``light`` (``None``:
+    none inferred), from children that may crash without harm to this process.
+
+    A crash of the checker refuses the model (:class:`InvalidModel`): nxrt
+    cannot vouch for it. A crash of shape inference does not: inference is
+    an aid, so it is tried once more with every type the schemas give filled
+    in first (what inference functions that crash on an untyped input need),
+    and if that dies too, the types come from the schemas alone, with no
+    onnx C++ run; kernels find the rest at run time, as ONNX Runtime does.
+    """
+    in_helper = _helper_knows(light)
+    try:
+        records = contained.run(_check_and_infer, for_checker, light, False, in_helper=in_helper)
+    except contained.ChildDied as died:
+        records = died.records
+        if not records:
+            raise InvalidModel(
+                f"onnx's checker (onnx {onnx.__version__}) could not check this model: its "
+                f"child process {died.reason} (this process is unharmed), and nxrt does not "
+                "run a model it cannot check. Check that the exporter wrote the model whole "
+                "and valid (onnx.checker.check_model in a separate process shows where it "
+                "fails); report a crash to the exporter, or to onnx if the model is valid"
+            ) from None
+        logger.info(
+            "onnx's shape inference %s on this model (its child process %s); nxrt tries it "
+            "again with the types the op schemas give filled in first",
+            "did not finish" if isinstance(died, contained.TimedOut) else "crashed",
+            died.reason,
+        )
+    if records[0].startswith(_REFUSED):
+        reason = records[0][len(_REFUSED) :].decode(errors="replace")
+        raise InvalidModel(f"the model fails the ONNX checker: {reason}")
+    if len(records) > 1:
+        return _typed(records[1])
+    try:
+        retry = contained.run(_check_and_infer, None, light, True, in_helper=in_helper)
+    except contained.ChildDied as died:
+        logger.info(
+            "onnx's shape inference failed again (its child process %s); nxrt types the "
+            "model's values from the op schemas alone",
+            died.reason,
+        )
+        return complete_types(light, _no_inference).graph
+    return _typed(retry[0]) if retry else None
+
+
+#: Domains whose schemas the helper process has (onnx's own, and nxrt's from
+#: :mod:`nxrt.contrib_ops`): a model importing another (``com.microsoft``, a custom op
+#: domain whose schema a plugin registered in this process) is checked in a fork of this
+#: process, which has every schema registered here.
+_HELPER_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "pkg.nxrt"})
+
+
+def _helper_knows(light: onnx.ModelProto) -> bool:
+    """Whether the helper process knows every domain ``light`` imports (those of the
+    model's own functions travel with it)."""
+    known = _HELPER_DOMAINS | {f.domain for f in light.functions}
+    imports = [*light.opset_import, *(o for f in light.functions for o in f.opset_import)]
+    return all(o.domain in known for o in imports)
+
+
+def _typed(record: bytes) -> onnx.GraphProto | None:
+    if not record.startswith(_TYPED):
+        return None  # inference raised (it cannot type this model): no types, as before
+    graph = onnx.GraphProto()
+    graph.ParseFromString(record[len(_TYPED) :])
+    return graph
+
+
+def _no_inference(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The ``infer`` of :func:`complete_types` that leaves the model as it is."""
+    return model
 
 
 def _initializers_listed_as_inputs(light: onnx.ModelProto) -> None:
@@ -176,20 +281,62 @@ def _copy_fields(source, target, *, skip: str) -> None:
             setattr(target, field.name, value)
 
 
-def _take_inferred_types(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
-    """Shape inference's ``value_info`` and output types, into ``graph`` and its subgraphs
-    (inference adds those and changes nothing else, so nodes pair up in order)."""
+def _types_of(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """Only what :func:`_take_inferred_types` reads of an inferred graph: its ``value_info``,
+    its outputs, and for each node holding subgraphs a node named by its index with only
+    those attributes, reduced the same way (no weight, no other attribute travels back)."""
+    types = onnx.GraphProto()
+    types.value_info.extend(graph.value_info)
+    types.output.extend(graph.output)
+    for index, node in enumerate(graph.node):
+        for attribute in node.attribute:
+            if attribute.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                continue
+            if not types.node or types.node[-1].name != str(index):
+                types.node.add().name = str(index)
+            kept = types.node[-1].attribute.add()
+            kept.name, kept.type = attribute.name, attribute.type
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                kept.g.CopyFrom(_types_of(attribute.g))
+            for subgraph in attribute.graphs:
+                kept.graphs.add().CopyFrom(_types_of(subgraph))
+    return types
+
+
+def _take_inferred_types(graph: onnx.GraphProto, types: onnx.GraphProto) -> None:
+    """Shape inference's ``value_info`` and output types (as :func:`_types_of` keeps them),
+    into ``graph`` and its subgraphs (inference adds those and changes nothing else)."""
     del graph.value_info[:]
-    graph.value_info.extend(inferred.value_info)
-    for output, typed in zip(graph.output, inferred.output):
-        output.type.CopyFrom(typed.type)
-    for node, typed_node in zip(graph.node, inferred.node):
-        for attribute, typed in zip(node.attribute, typed_node.attribute):
+    graph.value_info.extend(types.value_info)
+    for output, typed in zip(graph.output, types.output):
+        _take_output_type(output.type, typed.type)
+    for typed_node in types.node:
+        node = graph.node[int(typed_node.name)]
+        attributes = {a.name: a for a in node.attribute}
+        for typed in typed_node.attribute:
+            attribute = attributes[typed.name]
             if attribute.type == onnx.AttributeProto.GRAPH:
                 _take_inferred_types(attribute.g, typed.g)
             elif attribute.type == onnx.AttributeProto.GRAPHS:
                 for subgraph, typed_subgraph in zip(attribute.graphs, typed.graphs):
                     _take_inferred_types(subgraph, typed_subgraph)
+
+
+def _take_output_type(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> None:
+    """``inferred`` into ``declared``, but a dim the model leaves unnamed stays unnamed:
+    inference names each such dim of a graph output ``unk__<n>``, and ONNX Runtime reports
+    the model's own (``None``)."""
+    before = [
+        d.HasField("dim_value") or d.HasField("dim_param") for d in declared.tensor_type.shape.dim
+    ]
+    had_shape = declared.tensor_type.HasField("shape")
+    declared.CopyFrom(inferred)
+    dims = declared.tensor_type.shape.dim
+    if not had_shape or len(dims) != len(before):
+        return
+    for dim, named in zip(dims, before):
+        if not named and dim.dim_param.startswith("unk__"):
+            dim.ClearField("dim_param")
 
 
 @contextlib.contextmanager

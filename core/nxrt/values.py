@@ -234,10 +234,22 @@ _LABELED = {"LinearClassifier", "SVMClassifier", "TreeEnsembleClassifier"}
 
 
 def complete_types(
-    model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto], rounds: int = 8
+    model: onnx.ModelProto,
+    infer: Callable[[onnx.ModelProto], onnx.ModelProto],
+    rounds: int = 8,
+    *,
+    schemas_first: bool = False,
 ) -> onnx.ModelProto:
     """``infer(model)``, then types for the main graph's untyped node outputs from their
-    schemas, then ``infer`` again, while that types anything new."""
+    schemas, then ``infer`` again, while that types anything new.
+
+    ``schemas_first`` types from the schemas before the first ``infer`` too: some
+    inference functions crash on an untyped input (onnx 1.23's LabelEncoder after a
+    TreeEnsembleRegressor, which has no inference function), so a retry after such a
+    crash gives them typed inputs. ``infer`` may be the identity: the schemas alone.
+    """
+    if schemas_first:
+        _type_from_schemas(model)
     inferred = infer(model)
     for _ in range(rounds):
         if not _type_from_schemas(inferred):
