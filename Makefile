@@ -4,7 +4,7 @@
 # `make test-avx2` runs the kernel, conformance and determinism tests again with numba and
 # OpenBLAS forced to AVX2 code (what an AVX2-only CPU runs, built on any x86-64 that has
 # AVX2); `make test-no-omp` runs them without numba's OpenMP layer and without a system
-# OpenBLAS under MLX. .ci/run runs all of them.
+# OpenBLAS under MLX. .ci/run runs test-avx2.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
