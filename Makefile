@@ -23,7 +23,8 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 KERNEL_TESTS := tests/test_cpu_kernels.py $(wildcard tests/test_jit_*.py) \
-	tests/test_conformance.py tests/test_determinism.py tests/test_jit_target.py
+	tests/test_conformance.py tests/test_determinism.py tests/test_jit_target.py \
+	tests/test_quantized.py
 
 # OPENBLAS_CORETYPE is left as it is where the machine sets it (older OpenBLAS builds need it).
 test-avx2: $(STAMP)

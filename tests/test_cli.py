@@ -211,3 +211,18 @@ def test_providers_lists_a_plugin_that_registered_no_ep(tmp_path):
     assert "empty" not in [p["plugin"] for p in info["providers"]]
     table = nxrt("providers", env=env).stdout
     assert re.search(r"^empty\s+nxrt-ep-empty 0\.1\s+0$", table, re.MULTILINE), table
+
+
+def test_warmup_compiles_a_models_kernels_into_the_cache(tmp_path):
+    from importlib import resources
+
+    model = tmp_path / "digits.onnx"
+    model.write_bytes((resources.files("nxrt") / "data" / "digits_cnn.onnx").read_bytes())
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    first = nxrt("warmup", str(model), env=env).stdout
+    assert "cpu: warming up" in first and "0 found in the cache" in first
+    assert re.search(r"(\d+) compiled kernels \(\1 compiled now", first), first
+    again = nxrt("warmup", str(model), "--ep", "cpu", env=env).stdout
+    assert "0 compiled now" in again and "cpu: done" in again
+    missing = nxrt("warmup", str(model), "--ep", "nosuch", env=env, ok=False)
+    assert missing.returncode == 1 and "not installed" in missing.stderr

@@ -169,7 +169,8 @@ def context_model():
 
 
 def test_sessions_call_the_hooks_in_the_documented_order(nxrt_pm, hook_recorder, tmp_path):
-    *creation, save = documented_order()
+    *creation, save, warmup = documented_order()
+    assert warmup == "nxrt_warmup"  # only `nxrt warmup` calls it, never a session
     # The toy EP claims "add" and matches "relu" on its own, so step 6 has both hooks.
     plugin = ToyPlugin(
         claims=True, context=True, claim_picker=lambda nodes: [n for n in nodes if n.name == "add"]

@@ -465,3 +465,53 @@ def test_a_claim_runs_after_everything_it_reads(cpu_pm):
     (out,) = session.run(None, {"x": FEEDS["x"]})
     np.testing.assert_allclose(out, np.maximum(FEEDS["x"], 0) - FEEDS["x"])
     assert [step.op_type for step in session._plan.steps] == ["Neg", "Subgraph"]
+
+
+# -- ahead-of-time compiling -------------------------------------------------------------------
+
+
+class WarmingPlugin(ToyPlugin):
+    """The toy EP, warming up by recording what it was asked for."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.fail = fail
+        self.asked: list[tuple[str, str | None]] = []
+
+    @nxrt.hookimpl
+    def nxrt_warmup(self, ep, model):
+        if ep.id != "toy":
+            return None
+        self.asked.append((ep.id, model))
+        if self.fail:
+            raise RuntimeError("no compiler here")
+        return [f"compiled {model or 'everything'}", 2]
+
+
+def test_hook_nxrt_warmup(nxrt_pm, tmp_path):
+    plugin = WarmingPlugin()
+    with register_plugin(nxrt_pm, plugin, "toy"):
+        host = Host(nxrt_pm)
+        ep = host.build_registry().providers["toy"].factory(EpConfig())
+        assert host.warmup(ep, "toy", "m.onnx") == ["compiled m.onnx", "2"]  # lines, as text
+        assert host.warmup(ep, "toy", None) == ["compiled everything", "2"]
+        assert plugin.asked == [("toy", "m.onnx"), ("toy", None)]
+        # a session never warms up: only `nxrt warmup` does
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        session = nxrt.InferenceSession(model, providers=["toy"], plugin_manager=nxrt_pm)
+        session.run(None, {"x": np.array([-1.0, 1.0], np.float32)})
+        assert len(plugin.asked) == 2
+
+
+def test_a_failing_warmup_propagates_to_its_caller(nxrt_pm):
+    with register_plugin(nxrt_pm, WarmingPlugin(fail=True), "toy"):
+        host = Host(nxrt_pm)
+        ep = host.build_registry().providers["toy"].factory(EpConfig())
+        with pytest.raises(RuntimeError, match="no compiler here"):
+            host.warmup(ep, "toy", None)

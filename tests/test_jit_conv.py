@@ -238,7 +238,7 @@ ROWS = sorted(k for k in DEPTHWISE if k.startswith("rows-"))
 @pytest.mark.parametrize("threads", [1, 2])
 def test_depthwise_rows_fuse_residual_and_clamp(case, threads):
     """Large maps move a row at a time; over two threads, an odd count of (image, block of
-    16 channels) items is cut into bands of output rows too."""
+    a vector of channels) items is cut into bands of output rows too."""
     xs, ws, attrs = DEPTHWISE[case]
     x, w, b = rand(*xs, seed=1), rand(*ws, seed=2), rand(ws[0], seed=3)
     z = rand(*reference(x, w, b, attrs).shape, seed=4)
@@ -249,7 +249,7 @@ def test_depthwise_rows_fuse_residual_and_clamp(case, threads):
         got = kernel.run(x, w, b, z)
         (plan,) = kernel._plans.values()
         assert type(plan).__name__ == "Blocked" and plan.rows
-        if kernel.team > 1 and (xs[0] * -(-xs[1] // 16)) % 2:
+        if kernel.team > 1 and (xs[0] * -(-xs[1] // plan.lanes)) % 2:
             assert plan.parts == 2
         single = ConvKernel(attrs, activation="Clip", activation_params=(-0.2, 0.3)).run(x, w, b, z)
     assert_close(got, reference(x, w, b, attrs, z, lambda y: np.clip(y, -0.2, 0.3)))
@@ -531,7 +531,10 @@ def test_max_pool_matches_the_numpy_path(case, threads):
     for x in (rand(*xs, seed=1), special_values(rand(*xs, seed=1))):
         with HostParallel(threads) as parallel:
             got = pool.max_pool(x, _n_outputs=1, _parallel=parallel, **attrs)
-        np.testing.assert_array_equal(got, pool._max(x, pool_windows(x, attrs)))
+        want = pool.max_pool(x, _n_outputs=1, _compiled=False, **attrs)
+        np.testing.assert_array_equal(got, want)
+        if np.isfinite(x).all():  # the windows' plain max (NaN goes by ONNX Runtime's order)
+            np.testing.assert_array_equal(got, pool._max(x, pool_windows(x, attrs)))
 
 
 @pytest.mark.parametrize("case", sorted(POOLS))

@@ -92,14 +92,19 @@ def test_the_loops_vectorize():
 
 def test_numba_is_imported_by_kernels_only(tmp_path):
     """``import nxrt``, the cpu plugin's registration and ``nxrt providers`` never load numba;
-    the JIT cache defaults to the user's cache folder, never beside the installed source."""
+    the JIT cache defaults to the user's cache folder, never beside the installed source,
+    and numba's own setting (other libraries' caches) is left alone."""
     code = (
         "import sys, nxrt, nxrt_ep_cpu.plugin, nxrt_ep_cpu.ops\n"
         "from nxrt.cli import main\n"
         "try:\n    main(['providers'])\nexcept SystemExit:\n    pass\n"
         "assert 'numba' not in sys.modules, 'numba imported'\n"
-        "import nxrt_ep_cpu.jit, numba, platformdirs\n"
-        "assert numba.config.CACHE_DIR.startswith(platformdirs.user_cache_dir('nxrt'))\n"
+        "import numba, platformdirs\n"
+        "from nxrt_ep_cpu.compiling import cache_folder\n"
+        "from nxrt_ep_cpu.jit import pool\n"
+        "assert cache_folder().startswith(platformdirs.user_cache_dir('nxrt'))\n"
+        "assert pool.max_pool2d.stats.cache_path.startswith(cache_folder())\n"
+        "assert not numba.config.CACHE_DIR\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["XDG_CACHE_HOME"] = str(tmp_path)

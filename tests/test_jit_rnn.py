@@ -440,4 +440,5 @@ def test_sessions_run_the_compiled_loop(monkeypatch):
         values = make_inputs(kind, 3, 2, 4, 5)
         model, feeds = one_node_model(kind, values, hidden_size=5)
         run_nxrt(model, [feeds])
-    assert calls == ["RNN", "GRU", "LSTM"]
+    # (a kernel compiled at creation also runs once on stand-in inputs, compiling its loop)
+    assert list(dict.fromkeys(calls)) == ["RNN", "GRU", "LSTM"]

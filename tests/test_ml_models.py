@@ -22,6 +22,7 @@ from typing import Any
 
 import lightgbm
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import xgboost
@@ -51,6 +52,7 @@ from sklearn import (
     discriminant_analysis,
     ensemble,
     feature_extraction,
+    gaussian_process,
     impute,
     linear_model,
     multiclass,
@@ -64,6 +66,7 @@ from sklearn import (
 )
 
 import nxrt
+from nxrt.errors import InvalidArgument, InvalidModel
 
 RTOL, ATOL = 1e-4, 1e-6
 #: Cases whose converter refuses the default ai.onnx.ml opset and asks for
@@ -542,6 +545,9 @@ def assert_same(got: Any, want: Any, where: str) -> None:
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=where)
     else:
         assert got.dtype.kind == want.dtype.kind, f"{where}: dtype {got.dtype} != {want.dtype}"
+        if want.dtype == object:  # strings: str objects, as ONNX Runtime returns them
+            kinds = {type(v) for v in got.flat}, {type(v) for v in want.flat}
+            assert kinds[0] <= kinds[1] or not got.size, f"{where}: elements {kinds}"
         np.testing.assert_array_equal(got, want, err_msg=where)
 
 
@@ -1298,3 +1304,444 @@ def test_decision_path_and_leaf_match_onnxruntime(name: str, option: str) -> Non
             nodes = estimator.decision_path(x).toarray()
             expected = ["".join(str(v) for v in row) for row in nodes]
             assert list(paths[:, column]) == expected, f"{name}: tree {column}'s paths"
+
+
+# -- contrib ops, model-local functions, string labels, map feeds, sparse initializers --------
+CDIST = {"optim": "cdist"}
+IRIS_NAMES = np.array(["setosa", "versicolor", "virginica"], dtype=object)
+
+
+def _fitted(make: Callable[[], Any], x: np.ndarray, y: Any = None) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return make().fit(x, y) if y is not None else make().fit(x)
+
+
+def _convert(model: Any, x: np.ndarray, options: dict | None = None, opset: int = 18) -> bytes:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options = {id(model): options} if options else None
+        return to_onnx(model, x[:1], options=options, target_opset=opset).SerializeToString()
+
+
+def _imputer_data() -> np.ndarray:
+    """Random rows with about a tenth missing: no exact ties between neighbours, whose
+    order float32 rounding would decide (iris has identical rows)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((60, 5)).astype(np.float32)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    return x
+
+
+def _random_rows() -> np.ndarray:
+    return np.random.default_rng(2).standard_normal((60, 4)).astype(np.float32)
+
+
+def _cdist_cases() -> dict[str, Callable[[], tuple[bytes, np.ndarray]]]:
+    """Estimators skl2onnx converts to com.microsoft::CDist with ``optim: cdist``."""
+    x, y = data("iris")
+    x64 = x.astype(np.float64)
+    target = x[:, 0]
+
+    def case(make, fit_x, fit_y=None, options=CDIST, feed=None):
+        def build() -> tuple[bytes, np.ndarray]:
+            model = _fitted(make, fit_x, fit_y)
+            return _convert(model, fit_x, options), (fit_x if feed is None else feed)[::4]
+
+        return build
+
+    return {
+        "knn_classifier": case(lambda: neighbors.KNeighborsClassifier(3), x, y),
+        "knn_classifier_string_labels": case(
+            lambda: neighbors.KNeighborsClassifier(3), x, IRIS_NAMES[y]
+        ),
+        "knn_regressor": case(lambda: neighbors.KNeighborsRegressor(3), x, target),
+        "knn_regressor_double": case(lambda: neighbors.KNeighborsRegressor(3), x64, target),
+        # a radius past every distance: skl2onnx's -1 for a missing neighbour makes both
+        # runtimes refuse the model's ArrayFeatureExtractor
+        "radius_classifier": case(lambda: neighbors.RadiusNeighborsClassifier(20.0), x, y),
+        "radius_regressor": case(lambda: neighbors.RadiusNeighborsRegressor(20.0), x, target),
+        "gaussian_process_double": case(gaussian_process.GaussianProcessRegressor, x64, target),
+        "kernel_pca": case(lambda: decomposition.KernelPCA(2, kernel="rbf"), x),
+        # random rows: iris repeats rows, and neighbours at equal distances are ordered by
+        # how each runtime's GEMM rounds
+        "local_outlier_factor": case(
+            lambda: neighbors.LocalOutlierFactor(novelty=True), _random_rows()
+        ),
+    }
+
+
+CDIST_CASES = _cdist_cases()
+
+
+@pytest.mark.parametrize("name", list(CDIST_CASES))
+def test_cdist_conversions_match_onnxruntime(name: str) -> None:
+    """skl2onnx's cdist path: com.microsoft::CDist, summed in ONNX Runtime's order, so the
+    neighbours found (and their ties) are the same."""
+    onx, x = CDIST_CASES[name]()
+    assert b"CDist" in onx
+    check_model(onx, {"X": x})
+
+
+def test_knn_imputer_expands_its_model_local_functions() -> None:
+    """KNNImputer's conversion defines ``local_domain::dict_idx_map`` and seven more
+    functions (at opsets 14 to 18 in an opset-18 model): expanded, not refused."""
+    x = _imputer_data()
+    onx = _convert(_fitted(lambda: impute.KNNImputer(n_neighbors=3), x), x)
+    assert {f.name for f in onnx.load_from_string(onx).functions} >= {"dict_idx_map"}
+    check_model(onx, {"X": x[::3]})
+
+
+def _function_model(function_opset: int, op: str = "Add"):
+    """A model calling a local function ``my::twice(x) = LeakyRelu(op(x, x), alpha)`` (an
+    attribute reference), the function at ``function_opset`` of ai.onnx, the model at 18."""
+    from onnx import TensorProto, helper
+
+    if op == "ReduceSum":
+        combine = helper.make_node(op, ["x"], ["s"], keepdims=0)
+    else:
+        combine = helper.make_node(op, ["x", "x"], ["s"])
+    leaky = helper.make_node("LeakyRelu", ["s"], ["y"])
+    leaky.attribute.append(helper.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
+    body = [combine, leaky]
+    function = helper.make_function(
+        "my", "twice", ["x"], ["y"], body, [helper.make_opsetid("", function_opset)], ["alpha"]
+    )
+    call = helper.make_node("twice", ["X"], ["Y"], domain="my", alpha=3.0)
+    graph = helper.make_graph(
+        [call],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("my", 1)],
+        functions=[function],
+    )
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("function_opset", [18, 16])
+def test_local_function_with_attribute_matches_onnxruntime(function_opset: int) -> None:
+    """A function called with an attribute, at the model's opset or an older one whose Add
+    is the same schema: inlined as the spec defines a call."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 3
+    check_model(_function_model(function_opset), {"X": x})
+
+
+def test_local_function_whose_op_changed_between_opsets_is_refused() -> None:
+    """ReduceSum at opset 11 (axes as an attribute) is not ReduceSum at 18 (axes as an
+    input): inlined into the opset-18 graph it would mean something else."""
+    with pytest.raises(InvalidModel, match="not compatible|differs between the two"):
+        nxrt.InferenceSession(_function_model(11, "ReduceSum"), providers=["cpu"])
+
+
+@pytest.mark.parametrize(("alternate_sign", "dtype"), [(True, np.float32), (False, np.float64)])
+def test_feature_hasher_matches_onnxruntime(alternate_sign: bool, dtype: Any) -> None:
+    """FeatureHasher converts to com.microsoft::MurmurHash3 over the strings' UTF-8."""
+    words = np.array([["cat", "dog"], ["Äpfel", ""], ["a b", "cat"], ["x", "yy"]], dtype=object)
+    model = feature_extraction.FeatureHasher(
+        n_features=16, input_type="string", alternate_sign=alternate_sign, dtype=dtype
+    ).fit(words)
+    onx = convert_sklearn(
+        model, initial_types=[("input", StringTensorType([None, 2]))], target_opset=18
+    ).SerializeToString()
+    check_model(onx, {"input": words})
+    got = nxrt.InferenceSession(onx, providers=["cpu"]).run(None, {"input": words})[0]
+    np.testing.assert_allclose(got, model.transform(words).toarray())
+
+
+@pytest.mark.parametrize("positive", [1, 0])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        np.array([0, 1, -1, 123456], np.int32),
+        np.array([0, 1, 2**32 - 1], np.uint32),
+        np.array([1, -5, 2**40], np.int64),
+        np.array([2**64 - 1, 7], np.uint64),
+        np.array([1.5, -0.0, np.nan], np.float32),
+        np.array([1.5, 1e300], np.float64),
+        np.array(["", "a", "hello", "Äpfel", "abcdefg"], dtype=object),
+    ],
+    ids=["int32", "uint32", "int64", "uint64", "float32", "float64", "string"],
+)
+def test_murmur_hash3_hashes_each_dtype_as_onnxruntime(keys: np.ndarray, positive: int) -> None:
+    """A number's own bytes (4 or 8, little-endian), a string's UTF-8; ``seed`` (here
+    negative: its low 32 bits) and ``positive`` (uint32, or the same bits as int32)."""
+    from onnx import TensorProto, helper
+
+    elem = (
+        TensorProto.STRING if keys.dtype == object else helper.np_dtype_to_tensor_dtype(keys.dtype)
+    )
+    out = TensorProto.UINT32 if positive else TensorProto.INT32
+    onx = op_model(
+        "MurmurHash3",
+        [("X", elem, list(keys.shape))],
+        [("Y", out, list(keys.shape))],
+        {"positive": positive, "seed": -7},
+        domain="com.microsoft",
+    )
+    check_model(onx, {"X": keys})
+
+
+@pytest.mark.parametrize("metric", ["sqeuclidean", "euclidean"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cdist_op_matches_onnxruntime(metric: str, dtype: Any) -> None:
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(5, 3)).astype(dtype), rng.normal(size=(4, 3)).astype(dtype)
+    b[1] = a[2]  # a zero distance, where the sum can cancel below zero
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    onx = op_model(
+        "CDist",
+        [("A", elem, [5, 3]), ("B", elem, [4, 3])],
+        [("C", elem, [5, 4])],
+        {"metric": metric},
+        domain="com.microsoft",
+    )
+    check_model(onx, {"A": a, "B": b})
+
+
+def _string_classifiers() -> dict[str, Callable[[], Any]]:
+    """Classifiers whose class labels are strings (skl2onnx keeps them in string
+    initializers, which come out of nxrt as ``str``, as from ONNX Runtime)."""
+    three = [
+        ("lr", lambda: linear_model.LogisticRegression(max_iter=500)),
+        ("dt", lambda: tree.DecisionTreeClassifier(max_depth=3, **SEED)),
+        ("nb", naive_bayes.GaussianNB),
+    ]
+
+    def voting(kind: str, weights: Any = None) -> Callable[[], Any]:
+        return lambda: ensemble.VotingClassifier(
+            [(n, m()) for n, m in three], voting=kind, weights=weights, flatten_transform=False
+        )
+
+    weights = np.array([1.0, 2.0, 3.0])
+    return {
+        "voting_soft": voting("soft"),
+        "voting_hard": voting("hard"),
+        "voting_soft_weighted": voting("soft", weights),
+        "voting_hard_weighted": voting("hard", weights),
+        "one_vs_rest": lambda: multiclass.OneVsRestClassifier(
+            linear_model.LogisticRegression(max_iter=500)
+        ),
+        "sgd_hinge": lambda: linear_model.SGDClassifier(loss="hinge", **SEED),
+        "qda": discriminant_analysis.QuadraticDiscriminantAnalysis,
+        "knn": lambda: neighbors.KNeighborsClassifier(3),
+        "svc_pipeline": lambda: pipeline.make_pipeline(
+            preprocessing.StandardScaler(), svm.SVC(probability=True, **SEED)
+        ),
+    }
+
+
+STRING_CLASSIFIERS = _string_classifiers()
+
+
+@pytest.mark.parametrize("zipmap", [True, False])
+@pytest.mark.parametrize("binary", [False, True], ids=["three_classes", "binary"])
+@pytest.mark.parametrize("name", list(STRING_CLASSIFIERS))
+def test_string_label_classifiers_match_onnxruntime(name: str, binary: bool, zipmap: bool):
+    x, y = data("iris")
+    labels = np.array(["no", "yes"], dtype=object)[(y > 0).astype(int)] if binary else IRIS_NAMES[y]
+    model = _fitted(STRING_CLASSIFIERS[name], x, labels)
+    options = None if zipmap else {"zipmap": False}
+    final = _final(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onx = to_onnx(
+            model, x[:1], options={id(final): options} if options else None, target_opset=18
+        ).SerializeToString()
+    check_model(onx, {"X": x[::5]})
+    label = nxrt.InferenceSession(onx, providers=["cpu"]).run(None, {"X": x[:3]})[0]
+    assert label.dtype == object and all(type(v) is str for v in label.flat)
+
+
+def _string_op(op: str, inputs, attrs=None, inits=(), domain="", opset=18):
+    """A one-node model over string tensors; ``inputs`` are (name, elem type, shape)."""
+    from onnx import helper
+
+    node = helper.make_node(op, [n for n, _, _ in inputs], ["Y"], domain=domain, **(attrs or {}))
+    feeds = [i for i in inputs if i[0] not in {t.name for t in inits}]
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in feeds],
+        [onnx.ValueInfoProto(name="Y")],
+        list(inits),
+    )
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("ai.onnx.ml", 3)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _string_path_cases() -> list[Any]:
+    from onnx import TensorProto as T
+    from onnx import helper
+
+    words = helper.make_tensor("W", T.STRING, [3], ["a", "zz", "Äpfel"])
+    x = np.array(["a", "bb", "", "Äpfel", "a"], dtype=object)
+    i64 = np.array([2, 0], np.int64)
+    cases = [
+        (
+            "gather_initializer",
+            "Gather",
+            [("W", T.STRING, [3]), ("I", T.INT64, [2])],
+            {},
+            [words],
+            {"I": i64},
+        ),
+        (
+            "concat_initializer",
+            "Concat",
+            [("W", T.STRING, [3]), ("X", T.STRING, [5])],
+            {"axis": 0},
+            [words],
+            {"X": x},
+        ),
+        (
+            "where_initializer",
+            "Where",
+            [("B", T.BOOL, [3]), ("W", T.STRING, [3]), ("X", T.STRING, [3])],
+            {},
+            [words],
+            {"B": np.array([1, 0, 1], bool), "X": x[:3].copy()},
+        ),
+        ("identity_initializer", "Identity", [("W", T.STRING, [3])], {}, [words], {}),
+        (
+            "array_feature_extractor",
+            "ArrayFeatureExtractor",
+            [("W", T.STRING, [3]), ("I", T.INT64, [2])],
+            {},
+            [words],
+            {"I": i64},
+        ),
+        (
+            "label_encoder_strings",
+            "LabelEncoder",
+            [("X", T.STRING, [5])],
+            {"keys_strings": ["a", "Äpfel"], "values_strings": ["A", "Ä"], "default_string": "?"},
+            [],
+            {"X": x},
+        ),
+        (
+            "label_encoder_to_int",
+            "LabelEncoder",
+            [("X", T.STRING, [5])],
+            {"keys_strings": ["a", "bb"], "values_int64s": [1, 2]},
+            [],
+            {"X": x},
+        ),
+        (
+            "identity_of_numpy_unicode",
+            "Identity",
+            [("X", T.STRING, [5])],
+            {},
+            [],
+            {"X": x.astype(str)},
+        ),
+    ]
+    for name, value in [
+        ("float", np.array([1.5, 2.0, np.nan, -0.0, np.inf, 1e-5, 1 / 3], np.float32)),
+        ("double", np.array([1 / 3, 2.0, -np.inf, 1e23], np.float64)),
+        ("float16", np.array([1.5, 0.1], np.float16)),
+        ("bool", np.array([True, False])),
+        ("int8", np.array([-3, 7], np.int8)),
+    ]:
+        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+        cases.append(
+            (
+                f"cast_{name}_to_string",
+                "Cast",
+                [("X", elem, list(value.shape))],
+                {"to": T.STRING},
+                [],
+                {"X": value},
+            )
+        )
+    texts = np.array(["1.5", " 3", "1e3", "-2", "0x1"], dtype=object)
+    for name, to in [
+        ("float", T.FLOAT),
+        ("double", T.DOUBLE),
+        ("int64", T.INT64),
+        ("uint8", T.UINT8),
+        ("bool", T.BOOL),
+    ]:
+        cases.append(
+            (f"cast_string_to_{name}", "Cast", [("X", T.STRING, [5])], {"to": to}, [], {"X": texts})
+        )
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "attrs", "inits", "feeds"),
+    [pytest.param(*c[1:], id=c[0]) for c in _string_path_cases()],
+)
+def test_string_paths_match_onnxruntime(op, inputs, attrs, inits, feeds) -> None:
+    """Every op strings flow through in converted models gives ONNX Runtime's values as
+    ``str`` objects: string initializers, numbers written as C's ``%.8g`` (NaN, INF),
+    text read as C++'s ``stod`` / ``stoll`` read it."""
+    domain = "ai.onnx.ml" if op in ("ArrayFeatureExtractor", "LabelEncoder") else ""
+    check_model(_string_op(op, inputs, attrs, inits, domain), feeds)
+
+
+def test_dict_vectorizer_takes_numpy_values_as_onnxruntime() -> None:
+    """A map feed's values as float() reads them: numpy floats and bools, 0-d arrays."""
+    rows = [{"a": 1.0, "b": 2.0}, {"b": 3.0, "c": 1.0}]
+    model = feature_extraction.DictVectorizer(sparse=False).fit(rows)
+    onx = convert_sklearn(
+        model,
+        initial_types=[("d", DictionaryType(StringTensorType([1]), FloatTensorType([1])))],
+        target_opset=18,
+    ).SerializeToString()
+    for row in [
+        {"a": np.array(1.5, dtype=np.float32), "b": np.float64(2.0)},
+        {"a": True, "c": np.bool_(True)},
+        {"b": np.int64(3), "c": np.array(2)},
+    ]:
+        check_model(onx, {"d": row})
+    session = nxrt.InferenceSession(onx, providers=["cpu"])
+    with pytest.raises(InvalidArgument, match="not a number"):
+        session.run(None, {"d": {"a": "1"}})  # text, which ONNX Runtime refuses too
+
+
+@pytest.mark.parametrize("coordinates", [False, True], ids=["linear", "coordinates"])
+def test_sparse_initializer_with_unsorted_indices_runs(coordinates: bool) -> None:
+    """COO indices out of order (the checker wants them sorted; ONNX Runtime loads them)."""
+    from onnx import TensorProto, helper
+
+    values = helper.make_tensor("W", TensorProto.FLOAT, [5], [1, 2, 3, 4, 5])
+    if coordinates:
+        where = [[0, 0], [1, 0], [1, 2], [2, 1], [0, 2]]
+        indices = helper.make_tensor("i", TensorProto.INT64, [5, 2], np.ravel(where).tolist())
+    else:
+        indices = helper.make_tensor("i", TensorProto.INT64, [5], [0, 3, 5, 7, 2])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["W", "X"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 3])],
+    )
+    graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [3, 3]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    check_model(model.SerializeToString(), {"X": np.ones((3, 3), np.float32)})
+
+
+def test_sparse_initializer_index_outside_is_refused() -> None:
+    from onnx import TensorProto, helper
+
+    values = helper.make_tensor("W", TensorProto.FLOAT, [2], [1, 2])
+    indices = helper.make_tensor("i", TensorProto.INT64, [2], [3, 9])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["W"], ["Y"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 3])],
+    )
+    graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [3, 3]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(InvalidModel, match="outside"):
+        nxrt.InferenceSession(model.SerializeToString(), providers=["cpu"])

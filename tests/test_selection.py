@@ -408,6 +408,44 @@ def test_the_budget_counts_from_the_start_and_stops_new_builds():
     assert found.complete and all(c.time_ms is not None for c in found.candidates)
 
 
+def test_a_candidate_still_compiling_is_timed_after_its_compiles_and_losers_are_discarded():
+    events = []
+    compiles = {"a": 0.0, "cpu": 0.3}
+
+    class Plan:
+        """``a`` runs in 1 ms; ``cpu`` in 3 ms on its interim kernels, then at once."""
+
+        def __init__(self, name):
+            self.name, self.ready_at = name, time.perf_counter() + compiles[name]
+
+        def run(self, feeds):
+            ready = time.perf_counter() >= self.ready_at
+            time.sleep(0.001 if self.name == "a" else 0.0 if ready else 0.003)
+
+        def leftover(self):
+            return False
+
+        def wait_for_compiled(self, timeout):
+            time.sleep(max(0.0, min(self.ready_at - time.perf_counter(), timeout)))
+            return time.perf_counter() >= self.ready_at
+
+        def discard(self):
+            events.append(("discarded", self.name))
+
+    eps = [EpInfo(i, "cpu", p, 0) for i, p in (("a", 1), ("cpu", 0))]
+    found = measure(eps, lambda ids: Plan(ids[0]), {}, budget_ms=60000, runs=3)
+    mixed, alone = found.candidates  # cpu, timed once compiled, wins; its wait is one-time
+    assert [c.providers for c in found.candidates] == [["a", "cpu"], ["cpu"]]
+    assert found.choice == ["cpu"] and found.complete and not alone.compiling
+    assert alone.compile_ms is not None and alone.compile_ms >= 200
+    assert events == [("discarded", "a")]
+    # a budget spent while a candidate compiles: timed on its interim kernels, never cached
+    compiles["cpu"] = 30.0
+    found = measure(eps, lambda ids: Plan(ids[0]), {}, budget_ms=300, runs=3)
+    assert found.choice == ["a", "cpu"] and found.candidates[1].compiling and not found.complete
+    assert "still compiling" in found.note and "not cached" in found.note
+
+
 def test_candidates_are_measured_at_the_configured_shapes(cpu_pm):
     seen = []
     ops = OpRegistry("shapes")

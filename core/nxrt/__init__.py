@@ -35,6 +35,26 @@ _LAZY = {
     "OrtMemoryInfo": "nxrt.ortvalue",
     "OrtMemType": "nxrt.ortvalue",
     "OrtAllocatorType": "nxrt.ortvalue",
+    "OrtDeviceMemoryType": "nxrt.ortvalue",
+    "OrtMemoryInfoDeviceType": "nxrt.ortvalue",
+    "OrtDevice": "nxrt.devices",
+    "OrtDeviceVendorId": "nxrt.devices",
+    "OrtEpDevice": "nxrt.devices",
+    "OrtHardwareDevice": "nxrt.devices",
+    "OrtHardwareDeviceType": "nxrt.devices",
+    "OrtSyncStream": "nxrt.devices",
+    "OrtArenaCfg": "nxrt.devices",
+    "OrtEpAssignedNode": "nxrt.devices",
+    "OrtEpAssignedSubgraph": "nxrt.devices",
+    "get_ep_devices": "nxrt.devices",
+    "register_execution_provider_library": "nxrt.devices",
+    "unregister_execution_provider_library": "nxrt.devices",
+    "create_and_register_allocator": "nxrt.devices",
+    "create_and_register_allocator_v2": "nxrt.devices",
+    "SparseTensor": "nxrt.sparse",
+    "OrtSparseFormat": "nxrt.sparse",
+    "AdapterFormat": "nxrt.lora",
+    "LoraAdapter": "nxrt.lora",
     "IOBinding": "nxrt.iobinding",
     "ORT_API_VERSION": "nxrt.runtime",
     "get_all_providers": "nxrt.runtime",
@@ -59,13 +79,40 @@ _LAZY = {
     "EpRegistry": "nxrt.registry",
     "ExecutionProviderCapabilities": "nxrt.weight",
     "get_plugin_manager": "nxrt.host",
+    "run_batched": "nxrt.batch",
 }
 
 if TYPE_CHECKING:
+    from nxrt.batch import run_batched
+    from nxrt.devices import (
+        OrtArenaCfg,
+        OrtDevice,
+        OrtDeviceVendorId,
+        OrtEpAssignedNode,
+        OrtEpAssignedSubgraph,
+        OrtEpDevice,
+        OrtHardwareDevice,
+        OrtHardwareDeviceType,
+        OrtSyncStream,
+        create_and_register_allocator,
+        create_and_register_allocator_v2,
+        get_ep_devices,
+        register_execution_provider_library,
+        unregister_execution_provider_library,
+    )
     from nxrt.host import NxrtPluginManager, get_plugin_manager
     from nxrt.iobinding import IOBinding
     from nxrt.kernel import Cost, Kernel, KernelMatch, SubgraphClaim
-    from nxrt.ortvalue import OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue, copy_tensors
+    from nxrt.lora import AdapterFormat, LoraAdapter
+    from nxrt.ortvalue import (
+        OrtAllocatorType,
+        OrtDeviceMemoryType,
+        OrtMemoryInfo,
+        OrtMemoryInfoDeviceType,
+        OrtMemType,
+        OrtValue,
+        copy_tensors,
+    )
     from nxrt.provider import EpConfig, ExecutionProvider
     from nxrt.registry import EpRegistry, OpKey, OpRegistry
     from nxrt.runtime import (
@@ -92,6 +139,7 @@ if TYPE_CHECKING:
         RunOptions,
         SessionOptions,
     )
+    from nxrt.sparse import OrtSparseFormat, SparseTensor
     from nxrt.weight import ExecutionProviderCapabilities
 
 _default_pm: NxrtPluginManager | None = None
@@ -130,6 +178,26 @@ def get_available_providers() -> list[str]:
 
 __all__ = [
     "ORT_API_VERSION",
+    "AdapterFormat",
+    "LoraAdapter",
+    "OrtArenaCfg",
+    "OrtDevice",
+    "OrtDeviceMemoryType",
+    "OrtDeviceVendorId",
+    "OrtEpAssignedNode",
+    "OrtEpAssignedSubgraph",
+    "OrtEpDevice",
+    "OrtHardwareDevice",
+    "OrtHardwareDeviceType",
+    "OrtMemoryInfoDeviceType",
+    "OrtSparseFormat",
+    "OrtSyncStream",
+    "SparseTensor",
+    "create_and_register_allocator",
+    "create_and_register_allocator_v2",
+    "get_ep_devices",
+    "register_execution_provider_library",
+    "unregister_execution_provider_library",
     "Cost",
     "EpConfig",
     "EpRegistry",
@@ -167,6 +235,7 @@ __all__ = [
     "has_collective_ops",
     "hookimpl",
     "package_name",
+    "run_batched",
     "set_default_logger_callback",
     "set_default_logger_severity",
     "set_default_logger_verbosity",

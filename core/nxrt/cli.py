@@ -1,4 +1,4 @@
-"""The ``nxrt`` command: list providers, run a model, show a partition."""
+"""The ``nxrt`` command: list providers, run a model, show a partition, warm the caches."""
 
 from __future__ import annotations
 
@@ -222,10 +222,12 @@ def _benchmark(
     session: Any, feeds: dict[str, Any], repeat: int, warmup: int
 ) -> tuple[list[Any], Timing]:
     """Run like a benchmark: the first run timed on its own (it includes compiling and
-    first-run allocation), ``warmup`` untimed runs, then ``repeat`` timed runs."""
+    first-run allocation), then, once every kernel compiling in the background has
+    taken over, ``warmup`` untimed runs and ``repeat`` timed runs: the model's speed."""
     start = time.perf_counter()
     outputs = session.run(None, feeds)
     first_ms = (time.perf_counter() - start) * 1000
+    session.wait_for_compiled()
     for _ in range(max(warmup, 0)):
         session.run(None, feeds)
     times = []
@@ -464,6 +466,111 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_warmup(args: argparse.Namespace) -> int:
+    """Fill the EPs' compile caches (``nxrt_warmup``): the kernels of ``args.model``, or
+    every kernel the EPs compile; each EP found through the plugin host, by id."""
+    import nxrt
+    from nxrt.host import Host
+    from nxrt.host_parallel import HostParallel
+    from nxrt.pipeline import instantiate_ep
+
+    pm = nxrt.default_plugin_manager()
+    host = Host(pm)
+    registry = host.build_registry()
+    warming = {impl.plugin_name for impl in pm.hook.nxrt_warmup.get_hookimpls()}
+    ids = (
+        args.ep.split(",")
+        if args.ep
+        else [i for i in registry.default_order() if registry.providers[i].plugin in warming]
+    )
+    if args.model is not None and not os.path.exists(args.model):
+        print(f"nxrt: no model at {args.model}", file=sys.stderr)
+        return 1
+    status = 0
+    for ep_id in ids:
+        descriptor = registry.resolve(ep_id)
+        if descriptor is None:
+            print(f"nxrt: EP {ep_id!r} is not installed (see `nxrt providers`)", file=sys.stderr)
+            status = 1
+            continue
+        what = args.model or "every compiled kernel (minutes on a cold cache)"
+        print(f"{descriptor.id}: warming up {what}", flush=True)
+        started = time.perf_counter()
+        try:
+            threads = args.threads or None
+            ep = instantiate_ep(descriptor, {}, HostParallel(threads), threads)
+            lines = host.warmup(ep, descriptor.plugin, args.model)
+        except Exception as exc:  # noqa: BLE001 - reported per EP; the others go on
+            print(f"{descriptor.id}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        if lines is None:
+            print(f"{descriptor.id}: compiles nothing ahead of time")
+            continue
+        for line in lines:
+            print(f"  {line}")
+        print(f"{descriptor.id}: done in {time.perf_counter() - started:.1f} s")
+    return status
+
+
+def _pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
+    """``LEFT=RIGHT`` flags as a dict (a repeated LEFT: the last one wins)."""
+    pairs = {}
+    for item in items or []:
+        left, sep, right = item.partition("=")
+        if not sep or not left or not right:
+            raise SystemExit(f"nxrt: {flag} takes LEFT=RIGHT, got {item!r}")
+        pairs[left] = right
+    return pairs
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    """Run a model over a dataset with Ray Data (``nxrt.batch.run_job``); exit 0 when every
+    row ran, 3 when the job ran but some rows failed (each listed), 1 on an nxrt error."""
+    from nxrt import batch
+    from nxrt.errors import NxrtError
+
+    try:
+        import ray.data  # noqa: F401 - only to say what to install
+    except ImportError:
+        print("nxrt: `nxrt batch` needs Ray Data: pip install 'nxrt[ray]'", file=sys.stderr)
+        return 1
+    inputs: dict[str, list[str]] = {}
+    for column, model_input in _pairs(args.input_column, "--input-column").items():
+        inputs.setdefault(model_input, []).extend(column.split(","))
+    providers = [p for item in args.providers or [] for p in item.split(",") if p] or None
+    try:
+        result = batch.run_job(
+            args.model,
+            args.input,
+            args.output,
+            workers=args.workers,
+            threads=args.threads,
+            batch_size=args.batch_size,
+            address=args.address,
+            providers=providers,
+            input_columns=inputs or None,
+            output_columns=_pairs(args.output_column, "--output-column") or None,
+            keep=[k for item in args.keep or [] for k in item.split(",") if k],
+            cast=args.cast,
+            fmt=args.format,
+            errors_path=args.errors,
+            overwrite=args.overwrite,
+            ship=args.ship,
+        )
+    except NxrtError as exc:
+        print(f"nxrt: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"providers: {','.join(map(str, result.providers))}; output: {result.output}")
+    for failure in result.failures[:5]:
+        where = {k: v for k, v in failure.items() if k != "error"}
+        print(f"failed row {where}: {failure['error']}", file=sys.stderr)
+    if result.failed > 5:
+        print(f"... and {result.failed - 5} more in {result.errors_path}", file=sys.stderr)
+    print(result.line())
+    return batch.EXIT_ROWS_FAILED if result.failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nxrt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -524,6 +631,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ep", help="comma-separated EP ids in priority order")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_partition)
+
+    p = sub.add_parser("warmup", help="compile kernels into the disk cache (images, CI)")
+    p.add_argument("model", nargs="?", help="a .onnx model (default: every compiled kernel)")
+    p.add_argument(
+        "--ep", help="comma-separated EP ids (default: every installed EP that compiles ahead)"
+    )
+    p.add_argument("--threads", type=int, default=0, help="the sessions' intra-op threads")
+    p.set_defaults(func=cmd_warmup)
+
+    p = sub.add_parser(
+        "batch",
+        help="run a model over a dataset (.npy, Parquet) with Ray Data (pip install 'nxrt[ray]')",
+        description="Run MODEL over every row of INPUT on Ray Data workers and write Parquet "
+        "to OUTPUT: one column per model output, the --keep columns, and nxrt_error ('' for "
+        "rows that ran). Every input row is written once; failed rows are listed in "
+        "OUTPUT.errors.jsonl and the exit status is 3. See docs/scale-out.md.",
+    )
+    p.add_argument("model", help="path to a .onnx model")
+    p.add_argument("input", help="a .npy or .parquet file, a folder of them, or a glob")
+    p.add_argument("output", help="the Parquet folder to write")
+    p.add_argument("--workers", type=int, help="actors (default: one per --threads CPUs)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
+    p.add_argument("--batch-size", type=int, default=64, help="rows per batch (default 64)")
+    p.add_argument("--address", help="join this Ray cluster (default: a local Ray instance)")
+    p.add_argument(
+        "--providers",
+        action="append",
+        help="EPs, comma-separated (default: nxrt's selection, decided once in the driver)",
+    )
+    p.add_argument(
+        "--input-column",
+        action="append",
+        metavar="COL=INPUT",
+        help="feed model input INPUT from column COL (COL1,COL2,...: stacked on a last axis)",
+    )
+    p.add_argument(
+        "--output-column", action="append", metavar="OUTPUT=COL", help="name an output's column"
+    )
+    p.add_argument("--keep", action="append", metavar="COL", help="pass a column through (an id)")
+    p.add_argument("--cast", action="store_true", help="cast columns to the inputs' dtypes")
+    p.add_argument("--format", choices=("auto", "npy", "parquet"), default="auto")
+    p.add_argument("--errors", help="where failed rows go (default OUTPUT.errors.jsonl)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument(
+        "--ship",
+        choices=("auto", "path", "object-store"),
+        default="auto",
+        help="how workers get the model: its path (a shared filesystem) or Ray's object store",
+    )
+    p.set_defaults(func=cmd_batch)
     return parser
 
 

@@ -185,6 +185,29 @@ class InvalidArgument(NxrtError, status.InvalidArgument, ValueError):
     """A call was given a value it cannot use (feeds, options, providers...)."""
 
 
+class UnknownProvider(InvalidArgument, RuntimeError):
+    """A provider name that no installed EP answers to and onnxruntime does not know (a
+    typo): onnxruntime raises ``RuntimeError: Unknown Provider Type: NAME`` there."""
+
+    def __init__(self, name: str, detail: str = "") -> None:
+        self.name = name
+        super().__init__(f"Unknown Provider Type: {name}{'. ' + detail if detail else ''}")
+
+
+class InvalidColumn(InvalidArgument):
+    """A dataset column cannot feed the model input it is mapped to (batch inference,
+    :mod:`nxrt.batch`): it is missing, or its dtype or per-row shape is not the input's.
+    Raised in the driver, on the first rows, before any worker starts."""
+
+    def __init__(self, column: str, input_name: str, expected: str, found: str, fix: str) -> None:
+        self.column, self.input_name = column, input_name
+        self.expected, self.found = expected, found
+        super().__init__(
+            f"column {column!r} cannot feed model input {input_name!r}: expected {expected}, "
+            f"found {found}; {fix}"
+        )
+
+
 class ModelNotFound(InvalidModel, status.NoSuchFile):
     """The model file does not exist (onnxruntime's NO_SUCHFILE)."""
 
@@ -236,6 +259,7 @@ __all__ = [
     "EpLoadFailed",
     "EpPanicked",
     "InvalidArgument",
+    "InvalidColumn",
     "InvalidPlacement",
     "InvalidExternalData",
     "InvalidModel",
@@ -252,6 +276,7 @@ __all__ = [
     "NxrtError",
     "OutOfMemory",
     "RuntimeFailure",
+    "UnknownProvider",
     "UnsupportedContext",
     "Unsupported",
     "WeightHandleError",

@@ -18,7 +18,7 @@ import os
 import stat
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,18 @@ class MappedFile:
             np.frombuffer(self._map, dtype=np.uint8) if self._map else np.empty(0, np.uint8)
         )
         _by_id[self.mapping_id] = self
+
+    @classmethod
+    def in_memory(cls, path: str, data: np.ndarray) -> MappedFile:
+        """A "file" whose bytes the caller holds in memory (a ``uint8`` array, not copied),
+        read as a mapping is (``add_external_initializers_from_files_in_memory``)."""
+        found = cls.__new__(cls)
+        with _ids_lock:
+            found.mapping_id = next(_ids)
+        found.path, found.size, found._map = path, int(data.size), None
+        found._buffer = data
+        _by_id[found.mapping_id] = found
+        return found
 
     def region(self, offset: int, length: int) -> ExternalMmapRegion:
         return ExternalMmapRegion(self.mapping_id, offset, length)
@@ -270,9 +282,13 @@ class ExternalLazyWeight(LazyWeight):
 
 
 def validate_external_tensor(
-    registry: ExternalDataRegistry, tensor: ir.ExternalTensor, name: str = ""
+    registry: ExternalDataRegistry | None,
+    tensor: ir.ExternalTensor,
+    name: str = "",
+    files: dict[str, MappedFile] | None = None,
 ) -> ExternalTensorRef:
-    """Check one external tensor's location, bounds and length; map its file."""
+    """Check one external tensor's location, bounds and length; map its file (or take the
+    file of that location from ``files``, those given in memory)."""
     name = name or tensor.name or "<unnamed>"
     location = os.fspath(tensor.location)
     dtype = tensor.dtype
@@ -293,7 +309,11 @@ def validate_external_tensor(
             f"its length is {length} bytes but {dtype.name} {list(shape)} needs {expected}",
             "re-save the model so the recorded length matches the tensor",
         )
-    file = registry.open(location, name)
+    file = (files or {}).get(_normalized(location))
+    if file is None:
+        if registry is None:
+            raise _no_folder(name)
+        file = registry.open(location, name)
     if offset + length > file.size:
         raise _refuse(
             name,
@@ -412,35 +432,52 @@ def external_data_hidden_from_checker(proto: onnx.ModelProto) -> Iterator[None]:
                 entry.key, entry.value = key, value
 
 
-def resolve_external_data(model: ir.Model, base_dir: str | None) -> dict[str, WeightHandle]:
+def _normalized(location: str) -> str:
+    return os.path.normpath(location.replace("\\", "/"))
+
+
+def _no_folder(name: str) -> InvalidExternalData:
+    return InvalidExternalData(
+        f"tensor {name!r} keeps its data in an external file, but the model was given as "
+        "bytes or a ModelProto, so there is no folder to find it in; pass the model's path "
+        "instead, give the file with add_external_initializers_from_files_in_memory, or load "
+        "the data first (onnx.load(path) loads it)"
+    )
+
+
+def resolve_external_data(
+    model: ir.Model,
+    base_dir: str | None,
+    files: dict[str, np.ndarray] | None = None,
+    provided: Collection[str] = (),
+) -> dict[str, WeightHandle]:
     """Validate and map every external tensor of ``model``; handles for its initializers.
 
     Each external tensor's data becomes an mmap-backed tensor (so nothing
     reads the file through an unchecked path afterwards). The main graph's
     external initializers get a :class:`WeightHandle`: lazy when only
     ``pkg.nxrt::BlockQuantizedMoE`` weight inputs read it, resident otherwise.
+    ``files`` are data files given in memory (``uint8`` arrays), by the location
+    the model names them with; they are read instead of the folder's. The main
+    graph's initializers named in ``provided`` are left as they are: the caller
+    gives their data (``add_external_initializers``), so their files are not read.
     """
+    main = model.graph.initializers
     holders = [
         (name, holder, attr)
         for name, holder, attr in _tensor_holders(model)
         if any(isinstance(t, ir.ExternalTensor) for t in _held(holder, attr))
+        and not (attr is None and name in provided and main.get(name) is holder)
     ]
     if not holders:
         return {}
-    if base_dir is None:
-        name = holders[0][0]
-        raise InvalidExternalData(
-            f"tensor {name!r} keeps its data in an external file, but the model was given as "
-            "bytes or a ModelProto, so there is no folder to find it in; pass the model's path "
-            "instead, or load the data first (onnx.load(path) loads it)"
-        )
-    registry = ExternalDataRegistry.for_folder(base_dir)
+    memory = {_normalized(k): MappedFile.in_memory(k, v) for k, v in (files or {}).items()}
+    registry = ExternalDataRegistry.for_folder(base_dir) if base_dir is not None else None
     candidates = lazy_weight_candidates(model.graph)
-    main = model.graph.initializers
     handles: dict[str, WeightHandle] = {}
     for name, holder, attr in holders:
         if attr is None:
-            ref = validate_external_tensor(registry, holder.const_value, name)
+            ref = validate_external_tensor(registry, holder.const_value, name, memory)
             holder.const_value = ref.tensor()
             holder.meta[EXTERNAL_TENSOR_META] = holder.const_value
             if main.get(name) is holder:
@@ -450,7 +487,7 @@ def resolve_external_data(model: ir.Model, base_dir: str | None) -> dict[str, We
                     handles[name] = WeightHandle.Resident(ref.resident())
             continue
         tensors = [
-            validate_external_tensor(registry, t, t.name or name).tensor()
+            validate_external_tensor(registry, t, t.name or name, memory).tensor()
             if isinstance(t, ir.ExternalTensor)
             else t
             for t in _held(holder, attr)
@@ -459,8 +496,9 @@ def resolve_external_data(model: ir.Model, base_dir: str | None) -> dict[str, We
             holder.attributes[attr.name] = ir.AttrTensor(attr.name, tensors[0])
         else:
             holder.attributes[attr.name] = ir.AttrTensors(attr.name, tensors)
-    # Keep the folder's registry (and so its mappings) alive as long as the model.
+    # Keep the folder's registry and the files in memory (the mappings) alive with the model.
     model.meta["nxrt.external_data"] = registry
+    model.meta["nxrt.external_files"] = memory
     return handles
 
 

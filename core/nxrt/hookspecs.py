@@ -1,7 +1,7 @@
 """Hook specifications: everything an execution-provider plugin can implement.
 
 Plugins implement these with ``@nxrt.hookimpl``; they are found by that
-marker only. The hooks fall in five families, in the order below:
+marker only. The hooks fall in six families, in the order below:
 
 - **registration** — a plugin adds its EPs and their kernel tables;
 - **capability advertisement** — what an EP offers (weight paging,
@@ -9,7 +9,9 @@ marker only. The hooks fall in five families, in the order below:
 - **kernel matching and subgraph claims** — which nodes an EP can run, at what
   cost, and which connected sets of nodes it will fuse into one kernel;
 - **optimizer passes** — graph rewrites (fusions) an EP contributes;
-- **EPContext** — turning a compiled partition into an ``EpContext`` and back.
+- **EPContext** — turning a compiled partition into an ``EpContext`` and back;
+- **ahead-of-time compiling** — filling an EP's on-disk caches before any
+  session needs them (``nxrt warmup``).
 
 Hooks run only while a session is created, never inside ``run``: a pluggy
 call costs several microseconds, more than nxrt's whole per-node budget.
@@ -39,6 +41,8 @@ Session creation calls the hooks in this order:
 
 7. ``nxrt_save_context(ep, claim, kernel)`` — only when ``nxrt compile``
    writes a model, once per compiled claim.
+8. ``nxrt_warmup(ep, model)`` — never while a session is created: only when
+   ``nxrt warmup`` runs, once per EP it warms.
 
 Steps 3 and 4 run only with graph optimizations on (the default). The body
 of an If, Loop or Scan goes through step 6 on its own. When the caller gives
@@ -312,6 +316,38 @@ def nxrt_load_context(ep: ExecutionProvider, context: EpContext) -> Kernel | Non
     """
 
 
+# -------------------------------------------------------------------------------------------------
+# ahead-of-time compiling
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def nxrt_warmup(ep: ExecutionProvider, model: str | None) -> list[str] | None:
+    """Compile, into the EP's on-disk caches, what its sessions would compile when they start.
+
+    Called only by ``nxrt warmup [MODEL]`` (for images and CI), never while a
+    session is created: once per EP the command warms (every installed EP, or
+    those ``--ep`` names), after the EP is instantiated and initialised.
+
+    :param ep: The EP to warm, initialised, with the threads the command was given
+        (``ep.config.threads``; ``None``: the machine's).
+    :param model: Path of the model whose kernels to compile, or ``None`` for
+        every kernel the EP compiles (at shapes of the EP's own choosing).
+
+    :returns: One line per thing compiled (for the command to print), or ``None``
+        for EPs your plugin does not provide or that compile nothing ahead of time.
+
+    Stops at the first non-``None`` result.
+
+    Ownership: the host asks only the plugin that registered ``ep``.
+
+    If this hook raises, ``nxrt warmup`` prints the failure for that EP, goes on
+    with the other EPs and exits with status 1.
+
+    .. versionadded:: 0.1
+    """
+
+
 __all__ = [
     "nxrt_claim_subgraphs",
     "nxrt_ep_capabilities",
@@ -320,4 +356,5 @@ __all__ = [
     "nxrt_optimizer_passes",
     "nxrt_register",
     "nxrt_save_context",
+    "nxrt_warmup",
 ]

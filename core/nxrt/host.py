@@ -66,6 +66,9 @@ class NxrtPluginManager(pluggy.PluginManager):
         super().__init__(ENTRY_POINT_GROUP)
         self.load_failures: list[EpLoadFailed] = []
         self.plugin_info: dict[str, PluginInfo] = {}
+        #: ONNX Runtime plugin-EP libraries registered by path, ``{name: path}``; every
+        #: plugin sees them when it registers its EPs (``Registrar.ep_libraries``).
+        self.ep_libraries: dict[str, str] = {}
 
     def record_failure(self, failure: EpLoadFailed) -> None:
         if str(failure) not in {str(f) for f in self.load_failures}:
@@ -207,7 +210,7 @@ class Host:
         """Ask every plugin to register its EPs; a failing plugin is dropped whole."""
         registry = EpRegistry()
         for name in self._implementers("nxrt_register"):
-            registrar = Registrar(name)
+            registrar = Registrar(name, getattr(self.pm, "ep_libraries", None))
             try:
                 self._caller("nxrt_register", name)(registry=registrar)
                 for descriptor in registrar.staged:
@@ -333,3 +336,10 @@ class Host:
     def load_context(self, ep: ExecutionProvider, owner: str, context: EpContext) -> Kernel:
         kernel = self._caller("nxrt_load_context", owner)(ep=ep, context=context)
         return kernel if kernel is not None else ep.load_context(context)
+
+    # -- ahead-of-time compiling -------------------------------------------------------------
+    def warmup(self, ep: ExecutionProvider, owner: str, model: str | None) -> list[str] | None:
+        """What the EP's plugin compiled into its caches (``None``: nothing to warm); its
+        exception propagates (``nxrt warmup`` reports it per EP)."""
+        lines = self._caller("nxrt_warmup", owner)(ep=ep, model=model)
+        return None if lines is None else [str(line) for line in lines]

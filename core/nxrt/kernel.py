@@ -163,6 +163,8 @@ def attribute_values(
     """
     import onnx_ir as ir
 
+    from nxrt.values import constant_array
+
     values: dict[str, Any] = {}
     for name, attr in node.attributes.items():
         value = attr.value
@@ -171,9 +173,9 @@ def attribute_values(
         elif compile_subgraph is not None and attr.type == ir.AttributeType.GRAPHS:
             value = [compile_subgraph(g) for g in value]
         elif attr.type == ir.AttributeType.TENSOR:
-            value = value.numpy()
+            value = constant_array(value)
         elif attr.type == ir.AttributeType.TENSORS:
-            value = [t.numpy() for t in value]
+            value = [constant_array(t) for t in value]
         elif attr.type in (ir.AttributeType.INTS, ir.AttributeType.FLOATS):
             value = list(value)
         elif attr.type == ir.AttributeType.STRINGS:

@@ -382,6 +382,7 @@ def load_model(
     if proto is model:  # the caller's own message: types are added to a copy
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
+    densify_sparse_tensors(proto.graph)
     proto = check_proto(proto)
     hidden = hide_map_types(proto.graph)  # onnx_ir cannot read map types; nxrt keeps them
     serde_log = logging.getLogger("onnx_ir.serde")
@@ -394,8 +395,114 @@ def load_model(
     finally:
         serde_log.setLevel(level)
     restore_map_types(ir_model.graph, hidden)
+    if ir_model.functions:
+        inline_functions(ir_model)
     validate_graph(ir_model.graph)
     return ir_model, base_dir
+
+
+def densify_sparse_tensors(graph: onnx.GraphProto) -> None:
+    """Sparse initializers (and Constant ``sparse_value`` attributes) as dense tensors, in
+    this graph and its subgraphs, as ONNX Runtime turns them into dense ones at load.
+
+    Every nxrt kernel computes on dense tensors. The COO indices need not be in order
+    (the ONNX checker asks for sorted indices; ONNX Runtime loads unsorted ones, and so
+    does nxrt: each value is put at its index, whatever the order). Indices outside the
+    dense shape, or of the wrong shape, refuse the model.
+    """
+    sparse = list(graph.sparse_initializer)
+    if sparse:
+        del graph.sparse_initializer[:]
+        graph.initializer.extend(_dense(t) for t in sparse)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                densify_sparse_tensors(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    densify_sparse_tensors(sub)
+            elif attr.type == onnx.AttributeProto.SPARSE_TENSOR and node.op_type == "Constant":
+                dense = _dense(attr.sparse_tensor)
+                attr.Clear()
+                attr.CopyFrom(onnx.helper.make_attribute("value", dense))
+
+
+def _dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
+    """One COO sparse tensor as its dense tensor (named like its values)."""
+    from onnx import numpy_helper
+
+    name = sparse.values.name
+    shape = tuple(int(d) for d in sparse.dims)
+    try:
+        values = numpy_helper.to_array(sparse.values).reshape(-1)
+        indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    except Exception as exc:  # noqa: BLE001 - onnx's reader: a malformed tensor
+        raise InvalidModel(f"sparse initializer {name!r} cannot be read: {exc}") from exc
+    size = int(np.prod(shape, dtype=np.int64))
+    if indices.ndim == 2 and indices.shape == (values.size, len(shape)):
+        if indices.size and ((indices < 0) | (indices >= np.array(shape))).any():
+            raise InvalidModel(f"sparse initializer {name!r} has an index outside {list(shape)}")
+        linear = np.ravel_multi_index(indices.T, shape) if indices.size else indices[:, 0]
+    elif indices.ndim == 1 and indices.size == values.size:
+        if indices.size and (indices.min() < 0 or indices.max() >= size):
+            raise InvalidModel(f"sparse initializer {name!r} has an index outside {list(shape)}")
+        linear = indices
+    else:
+        raise InvalidModel(
+            f"sparse initializer {name!r}: {values.size} values need indices of shape "
+            f"[{values.size}] or [{values.size}, {len(shape)}], not {list(indices.shape)}"
+        )
+    dense = np.zeros(size, dtype=values.dtype)
+    dense[linear] = values
+    return numpy_helper.from_array(dense.reshape(shape), name)
+
+
+def inline_functions(model: ir.Model) -> None:
+    """Expand every call of a model-local function (``ModelProto.functions``) into the
+    function's nodes, as the ONNX spec defines a call and as ONNX Runtime runs it.
+
+    A function may import an op domain at another version than the model (skl2onnx's
+    KNNImputer functions use opsets 14 and 16 in an opset-18 model). Once inlined, its
+    nodes run at the model's version, which is right only where an op means the same at
+    both versions: each such node's schema must be the same one at both (the same
+    ``since_version``), and the model is refused where it is not. The inliner is
+    onnx_ir's, in Python (onnx's is C++, which nxrt runs on untrusted models only in a
+    child process).
+    """
+    import onnx_ir as ir
+    from onnx_ir.passes.common import InlinePass
+
+    versions = dict(model.opset_imports)
+    for function in model.functions.values():
+        for domain, version in list(function.opset_imports.items()):
+            wanted = versions.get(domain)
+            if wanted is None or wanted == version:
+                continue
+            for node in ir.traversal.RecursiveGraphIterator(function.graph):
+                if normalize_domain(node.domain) != normalize_domain(domain):
+                    continue
+                if _schema_since(node, version) != _schema_since(node, wanted):
+                    raise InvalidModel(
+                        f"model-local function {function.domain}::{function.name} uses "
+                        f"{node.op_type} at opset {version} of domain {domain or 'ai.onnx'!r}, "
+                        f"where the model imports opset {wanted}, and {node.op_type} differs "
+                        "between the two: nxrt expands functions into the graph and cannot run "
+                        "both versions; export the function at the model's opset"
+                    )
+            function.opset_imports[domain] = wanted
+    try:
+        InlinePass()(model)
+    except Exception as exc:  # noqa: BLE001 - onnx_ir's pass errors (a cycle, a bad call)
+        raise InvalidModel(f"the model's local functions cannot be expanded: {exc}") from exc
+
+
+def _schema_since(node: ir.Node, version: int) -> int | None:
+    """The ``since_version`` of the schema ``node``'s op has at ``version`` (``None``:
+    onnx does not know it, and the node cannot be told apart across versions)."""
+    try:
+        return onnx.defs.get_schema(node.op_type, version, node.domain).since_version
+    except onnx.defs.SchemaError:
+        return None
 
 
 def validate_graph(graph: ir.Graph) -> None:

@@ -42,12 +42,20 @@ def new_initializer(graph: ir.Graph, stem: str, array: np.ndarray) -> ir.Value:
     return value
 
 
+#: Ops core never folds: an EP's passes read them (the QDQ form of quantized weights).
+KEPT_FOR_EPS = frozenset({"DequantizeLinear"})
+
+
 class FoldConstants(ir.passes.InPlacePass):
     """Replace every node whose inputs are all constants by its computed outputs.
 
     Light models, for one, build their weights with ConstantOfShape on every
     run; folded, that work happens once. Nodes the evaluator cannot compute
-    (random ops, subgraphs, errors) stay in the graph.
+    (random ops, subgraphs, errors) stay in the graph, and so does every
+    DequantizeLinear (:data:`KEPT_FOR_EPS`): a quantized model's weights are
+    its integers and their scales, which an EP's passes fuse into integer
+    kernels (ONNX Runtime's folding keeps them for its QDQ fusions too); an EP
+    folds what it does not fuse.
     """
 
     def __init__(self, evaluate: Callable[[ir.Node], list[Any] | None]) -> None:
@@ -59,6 +67,8 @@ class FoldConstants(ir.passes.InPlacePass):
         graph = model.graph
         for node in list(graph):
             if not all(v is None or v.const_value is not None for v in node.inputs):
+                continue
+            if node.op_type in KEPT_FOR_EPS and node.domain in ("", "ai.onnx"):
                 continue
             results = self.evaluate(node)
             if results is None or len(results) < len(node.outputs):

@@ -16,6 +16,7 @@ lacks).
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import threading
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ import onnx
 
 from nxrt.errors import InvalidArgument, RuntimeFailure
 from nxrt.model import numpy_dtype, type_string
+from nxrt.sparse import SparseTensor
 from nxrt.tensor import TensorView
 
 if TYPE_CHECKING:
@@ -65,6 +67,22 @@ class OrtAllocatorType(enum.IntEnum):
     ORT_ARENA_ALLOCATOR = 1
 
 
+class OrtDeviceMemoryType(enum.IntEnum):
+    """A device's memory: its own (``DEFAULT``) or memory the host can read (pinned)."""
+
+    DEFAULT = 0
+    HOST_ACCESSIBLE = 5
+
+
+class OrtMemoryInfoDeviceType(enum.IntEnum):
+    """The kind of device a :meth:`OrtMemoryInfo.create_v2` memory belongs to."""
+
+    CPU = 0
+    GPU = 1
+    FPGA = 2
+    NPU = 3
+
+
 class OrtMemoryInfo:
     """Where an input or output of a session lives (``get_input_memory_infos``)."""
 
@@ -80,6 +98,31 @@ class OrtMemoryInfo:
         self.device_id = int(device_id)
         self.mem_type = OrtMemType(mem_type)
         self.device_vendor_id = 0
+        #: CPU_INPUT and CPU_OUTPUT memory is the host-readable memory of its device.
+        self.device_mem_type = (
+            OrtDeviceMemoryType.DEFAULT
+            if self.mem_type == OrtMemType.DEFAULT
+            else OrtDeviceMemoryType.HOST_ACCESSIBLE
+        )
+
+    @staticmethod
+    def create_v2(
+        name: str,
+        device_type: OrtMemoryInfoDeviceType,
+        vendor_id: int,
+        device_id: int,
+        device_mem_type: OrtDeviceMemoryType,
+        alignment: int = 0,
+        allocator_type: OrtAllocatorType = OrtAllocatorType.ORT_DEVICE_ALLOCATOR,
+    ) -> OrtMemoryInfo:
+        """onnxruntime's newer constructor, by device kind, vendor and memory kind (the
+        alignment is onnxruntime's allocators'; nxrt's EPs align as their kernels need)."""
+        OrtMemoryInfoDeviceType(device_type)
+        memory = OrtDeviceMemoryType(device_mem_type)
+        kind = OrtMemType.DEFAULT if memory == OrtDeviceMemoryType.DEFAULT else OrtMemType.CPU
+        info = OrtMemoryInfo(name, allocator_type, device_id, kind)
+        info.device_vendor_id = int(vendor_id)
+        return info
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, OrtMemoryInfo) and self._key() == other._key()
@@ -88,7 +131,13 @@ class OrtMemoryInfo:
         return hash(self._key())
 
     def _key(self) -> tuple[Any, ...]:
-        return (self.name, self.allocator_type, self.device_id, self.mem_type)
+        return (
+            self.name,
+            self.allocator_type,
+            self.device_id,
+            self.mem_type,
+            self.device_vendor_id,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -116,6 +165,45 @@ def onnx_element_type(dtype: np.dtype) -> int:
         if dtype.kind == "V":
             return onnx.TensorProto.STRING
         raise
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _Capsule:
+    """A bare DLPack capsule as the producer object ``np.from_dlpack`` and the device EPs
+    take: its device read from the ``DLTensor`` the capsule holds."""
+
+    #: Where the DLTensor's device sits in the capsule's struct, by capsule name: after the
+    #: data pointer in ``DLManagedTensor``; after version, context, deleter and flags, then
+    #: the data pointer, in ``DLManagedTensorVersioned``.
+    _DEVICE_AT = {b"dltensor": 8, b"dltensor_versioned": 40}
+
+    #: Python's capsule functions, typed here (not on the shared ``ctypes.pythonapi``).
+    _get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(
+        ("PyCapsule_GetName", ctypes.pythonapi)
+    )
+    _get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi)
+    )
+
+    def __init__(self, capsule: Any) -> None:
+        name = _Capsule._get_name(capsule)
+        if name not in self._DEVICE_AT:
+            raise InvalidArgument(
+                f"the capsule is {name!r}, not an unused DLPack capsule ('dltensor'); a capsule "
+                "can be consumed once: call __dlpack__() again for a new one"
+            )
+        pointer = _Capsule._get_pointer(capsule, name)
+        device = _DLDevice.from_address(pointer + self._DEVICE_AT[name])
+        self.capsule, self.device = capsule, (int(device.device_type), int(device.device_id))
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
 
 
 _device_eps: dict[str, ExecutionProvider] = {}
@@ -229,10 +317,13 @@ class OrtValue:
 
     @classmethod
     def from_dlpack(cls, data: Any, /) -> OrtValue:
-        """A value sharing ``data``'s memory (any DLPack producer: numpy, MLX, torch...).
+        """A value sharing ``data``'s memory: any DLPack producer (numpy, MLX, torch...) or
+        a DLPack capsule (what ``__dlpack__()`` returns, consumed by this call).
 
         A host producer is seen through numpy, zero-copy; a device producer is
         kept as it is, so a session hands it to the EP on that device."""
+        if type(data).__name__ == "PyCapsule":
+            data = _Capsule(data)
         device = HOST
         if hasattr(data, "__dlpack_device__"):
             kind, device_id = data.__dlpack_device__()
@@ -276,20 +367,49 @@ class OrtValue:
             return self._value.__dlpack_device__()
         return (1, 0)
 
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule of the tensor (onnxruntime's capi name of ``__dlpack__()``)."""
+        return self.__dlpack__()
+
+    @property
+    def _ortvalue(self) -> OrtValue:
+        """onnxruntime's inner value object; nxrt's OrtValue is its own (code reaching
+        ``value._ortvalue.data_ptr()`` works unchanged)."""
+        return self
+
     def is_tensor(self) -> bool:
-        return self._value is not None and not isinstance(self._value, (list, tuple, dict))
+        return self._value is not None and not isinstance(
+            self._value, (list, tuple, dict, SparseTensor)
+        )
 
     def is_tensor_sequence(self) -> bool:
         return isinstance(self._value, (list, tuple))
 
     def is_sparse_tensor(self) -> bool:
-        return False
+        return isinstance(self._value, SparseTensor)
+
+    @classmethod
+    def ort_value_from_sparse_tensor(cls, sparse_tensor: SparseTensor) -> OrtValue:
+        """A value holding ``sparse_tensor`` (no copy)."""
+        if not isinstance(sparse_tensor, SparseTensor):
+            raise TypeError(f"expected a SparseTensor, got {type(sparse_tensor).__name__}")
+        return cls(sparse_tensor)
+
+    def as_sparse_tensor(self) -> SparseTensor:
+        if not isinstance(self._value, SparseTensor):
+            raise RuntimeFailure(
+                "This OrtValue does not contain SparseTensor. Check data_type() value: "
+                f"{self.data_type()}"
+            )
+        return self._value
 
     def has_value(self) -> bool:
         """False for an absent optional."""
         return self._value is not None
 
     def shape(self) -> list[int]:
+        if isinstance(self._value, SparseTensor):
+            return self._value.dense_shape()
         if not self.is_tensor():
             raise InvalidArgument(f"shape() is for tensors; this OrtValue holds {self.data_type()}")
         shape = getattr(self._value, "shape", None)
@@ -308,6 +428,8 @@ class OrtValue:
 
     def element_type(self) -> int:
         """The ONNX element type number of a tensor's elements."""
+        if isinstance(self._value, SparseTensor):
+            return self._value.element_type()
         return onnx_element_type(self._dtype())
 
     def data_type(self) -> str:
@@ -316,6 +438,8 @@ class OrtValue:
             return "optional"
         if isinstance(self._value, dict):
             return "map"
+        if isinstance(self._value, SparseTensor):
+            return self._value.data_type()
         if isinstance(self._value, (list, tuple)):
             inner = OrtValue(self._value[0]).data_type() if self._value else "tensor(undefined)"
             return f"seq({inner})"
@@ -371,8 +495,10 @@ def copy_tensors(src: Sequence[OrtValue], dst: Sequence[OrtValue], stream: Any =
 
 __all__ = [
     "OrtAllocatorType",
+    "OrtDeviceMemoryType",
     "OrtMemType",
     "OrtMemoryInfo",
+    "OrtMemoryInfoDeviceType",
     "OrtValue",
     "copy_tensors",
 ]

@@ -35,6 +35,7 @@ class NodePlacement:
     claim: str = ""
     refusals: list[tuple[str, str]] = field(default_factory=list)
     match: KernelMatch | None = None
+    domain: str = ""
 
 
 @dataclass
@@ -211,6 +212,7 @@ def partition(
                 claim=report.claims[claim_index].name if claim_index is not None else "",
                 refusals=refusals[i],
                 match=matches[i],
+                domain=normalize_domain(node.domain),
             )
         )
     return Placement(report, node_ep, node_claim, matches)  # type: ignore[arg-type]

@@ -47,6 +47,7 @@ CLI use this module, not the session's internals.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,14 @@ import numpy as np
 
 from nxrt import contrib_ops  # noqa: F401  (registers nxrt's op schemas with onnx)
 from nxrt.epcontext import build_ep_context_registry, is_context_node, read_context
-from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel, NoEpForContext, NxrtError
+from nxrt.errors import (
+    EpLoadFailed,
+    InvalidArgument,
+    InvalidModel,
+    NoEpForContext,
+    NxrtError,
+    UnknownProvider,
+)
 from nxrt.executor import NO_SLOT, CopyKernel, Plan, Step
 from nxrt.external_data import resolve_external_data
 from nxrt.host import Host, NxrtPluginManager
@@ -74,6 +82,7 @@ from nxrt.partition import Copy, Placement, partition, schedule
 from nxrt.provider import EpConfig, ExecutionProvider
 from nxrt.selection import ExecutionProviderDevicePolicy, SelectionReport
 from nxrt.subgraph import ScopedKernel, Subgraph, implicit_inputs, outer_names, subgraphs_of
+from nxrt.values import constant_array
 from nxrt.weight_binding import negotiate_weights
 
 if TYPE_CHECKING:
@@ -114,10 +123,17 @@ class LoadedModel:
     weights: dict[str, WeightHandle]
 
 
-def load(source: str | os.PathLike[str] | bytes | onnx.ModelProto) -> LoadedModel:
-    """Stage 1: read, check, infer and validate the model; map its external data."""
+def load(
+    source: str | os.PathLike[str] | bytes | onnx.ModelProto,
+    files: dict[str, np.ndarray] | None = None,
+    provided: Sequence[str] = (),
+) -> LoadedModel:
+    """Stage 1: read, check, infer and validate the model; map its external data (``files``:
+    external-data files given in memory, by the location the model names them with;
+    ``provided``: external initializers the caller gives, whose files are not read)."""
     model, base_dir = load_model(source)
-    return LoadedModel(model, base_dir, resolve_external_data(model, base_dir))
+    weights = resolve_external_data(model, base_dir, files, provided)
+    return LoadedModel(model, base_dir, weights)
 
 
 # -- 2. select EPs ---------------------------------------------------------------------------------
@@ -174,10 +190,11 @@ def select_providers(
         if descriptor is None:
             known = ", ".join(sorted(registry.providers)) or "none"
             broken = "; ".join(str(f) for f in host.failures)
-            raise InvalidArgument(
-                f"execution provider {name!r} is not installed (installed: {known})"
+            raise UnknownProvider(
+                name,
+                f"Execution provider {name!r} is not installed (installed: {known})"
                 + (f"; plugins that failed to load: {broken}" if broken else "")
-                + ". Install its package, e.g. `pip install nxrt-ep-<name>`."
+                + ". Install its package, e.g. `pip install nxrt-ep-<name>`.",
             )
         if all(descriptor.id != d.id for d, _ in chosen):
             chosen.append((descriptor, options))
@@ -204,13 +221,18 @@ class Providers:
 
 
 def create_providers(
-    selection: Selection, host: Host, parallel: HostParallel, threads: int | None
+    selection: Selection,
+    host: Host,
+    parallel: HostParallel,
+    threads: int | None,
+    session_config: dict[str, str] | None = None,
 ) -> Providers:
     """Stage 3: instantiate and initialise each selected EP, then ask its capabilities."""
     eps = []
     for descriptor, options in selection.requests:
         try:
-            eps.append((instantiate_ep(descriptor, options, parallel, threads), descriptor.plugin))
+            ep = instantiate_ep(descriptor, options, parallel, threads, session_config)
+            eps.append((ep, descriptor.plugin))
         except Exception as exc:  # noqa: BLE001 - the plugin's own failure, shown whole
             failure = (
                 exc
@@ -233,14 +255,17 @@ def instantiate_ep(
     options: dict[str, Any],
     parallel: HostParallel,
     threads: int | None,
+    session_config: dict[str, str] | None = None,
 ) -> ExecutionProvider:
-    """One EP from its descriptor, configured and initialised."""
+    """One EP from its descriptor, configured (the session's config entries included) and
+    initialised."""
     limit = options.get("memory_limit")
     config = EpConfig(
         options=dict(options),
         threads=threads,
         memory_limit=parse_bytes(limit) if limit is not None else None,
         device_id=int(options.get("device_id", 0)),
+        session_config=dict(session_config or {}),
     )
     ep = descriptor.factory(config)
     if not isinstance(ep, ExecutionProvider):
@@ -306,7 +331,7 @@ def evaluate_constant(
         match = host.match_kernel(ep, owner, node, opset)
         if not match.supported:
             continue
-        inputs = [v.const_value.numpy() if v is not None else None for v in node.inputs]
+        inputs = [constant_array(v.const_value) if v is not None else None for v in node.inputs]
         try:
             return list(ep.create_kernel(node, match.entry).compute(inputs))
         except Exception:  # noqa: BLE001 - left in the plan, so it fails at run time
@@ -409,7 +434,7 @@ def plan(
             continue
         if value.const_value is None:
             raise InvalidModel(f"initializer {name!r} has no data")
-        array = value.const_value.numpy()
+        array = constant_array(value.const_value)
         if isinstance(array, np.ndarray):
             if array.dtype.kind in "biufc":  # not strings, not ml_dtypes' (kind "V")
                 # the graph keeps this array instead of the protobuf's copy of the bytes,
@@ -561,8 +586,12 @@ class CreateOptions:
     #: initializers with external data (``add_external_initializers``).
     initializers: dict[str, np.ndarray] = field(default_factory=dict)
     external_initializers: dict[str, np.ndarray] = field(default_factory=dict)
-    #: Sizes fixing the model's symbolic dimensions (``add_free_dimension_override_by_name``).
+    #: Sizes fixing the model's symbolic dimensions (``add_free_dimension_override_by_name``),
+    #: and the dimensions of a denotation (``..._by_denotation``).
     free_dimensions: dict[str, int] = field(default_factory=dict)
+    free_dimension_denotations: dict[str, int] = field(default_factory=dict)
+    #: External-data files given in memory (``add_external_initializers_from_files_in_memory``).
+    external_files: dict[str, np.ndarray] = field(default_factory=dict)
     #: Where to write the optimized model ('': nowhere; ``optimized_model_filepath``).
     optimized_model_path: str = ""
     #: Provider names that, requested but not installed, are left out with a warning
@@ -580,10 +609,12 @@ def create(
     host = Host(plugin_manager)
     registry = host.build_registry()
     parallel = HostParallel(options.threads)
-    loaded = load(source)
+    loaded = load(source, options.external_files, list(options.external_initializers))
     replace_initializers(loaded.model, loaded.weights, options.initializers, external=False)
     replace_initializers(loaded.model, loaded.weights, options.external_initializers, external=True)
-    override_free_dimensions(loaded.model, options.free_dimensions)
+    override_free_dimensions(
+        loaded.model, options.free_dimensions, options.free_dimension_denotations
+    )
     as_loaded = loaded.model.clone() if options.optimized_model_path else None
     if requests is not None and options.optional_providers:
         requests = installed_requests(requests, registry, options.optional_providers)
@@ -591,7 +622,7 @@ def create(
         state = choose(source, loaded, host, registry, parallel, options)
     else:
         selection = select_providers(registry, host, requests, fallback=options.fallback)
-        providers = create_providers(selection, host, parallel, options.threads)
+        providers = create_providers(selection, host, parallel, options.threads, options.config)
         state = build(loaded, host, registry, parallel, selection, providers, options)
     if as_loaded is not None:
         optimized = state.loaded.model
@@ -601,7 +632,7 @@ def create(
                 lambda node: evaluate_constant(node, as_loaded, state.providers, state.host),
             )
             optimized = as_loaded
-        save_optimized(optimized, options.optimized_model_path, source)
+        save_optimized(optimized, options.optimized_model_path, source, options.config)
     return state
 
 
@@ -641,6 +672,19 @@ class _Built:
                 plan.execute(feeds, self.outputs, None)
         else:
             plan.execute(feeds, self.outputs, None)
+
+    def wait_for_compiled(self, timeout: float) -> bool:
+        """Whether the plan's EPs finished their background compiles within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        return all(
+            ep.wait_for_compiled(max(0.0, deadline - time.monotonic()))
+            for ep, _ in self.state.providers.eps
+        )
+
+    def discard(self) -> None:
+        """The candidate lost: its EPs drop the compiles they have not started."""
+        for ep, _ in self.state.providers.eps:
+            ep.cancel_compiles()
 
     def leftover(self) -> bool:
         """Whether the plan's first EP left nodes to the fallback."""
@@ -763,7 +807,7 @@ def _build_for(
     selection = select_providers(
         registry, host, [(i, {}) for i in ids if i in registry.providers], fallback=options.fallback
     )
-    providers = create_providers(selection, host, parallel, options.threads)
+    providers = create_providers(selection, host, parallel, options.threads, options.config)
     return build(loaded, host, registry, parallel, selection, providers, options)
 
 

@@ -39,6 +39,9 @@ class EpConfig:
     options: dict[str, Any] = field(default_factory=dict)
     memory_limit: int | None = None
     threads: int | None = None
+    #: The session's config entries (``SessionOptions.add_session_config_entry``), for
+    #: EP settings named as entries, such as the cpu EP's ``nxrt.cpu.compile``.
+    session_config: dict[str, str] = field(default_factory=dict)
 
 
 class ExecutionProvider:
@@ -104,6 +107,16 @@ class ExecutionProvider:
         if entry.takes_output_count:
             attrs[OUTPUT_COUNT] = len(node.outputs)
         return attrs
+
+    def wait_for_compiled(self, timeout: float | None = None) -> bool:
+        """Block until the kernels this EP is still compiling in the background (its
+        tiered kernels) are ready, so that runs are bit-identical from then on; returns
+        False when ``timeout`` seconds ran out first. The default: nothing is pending."""
+        return True
+
+    def cancel_compiles(self) -> None:
+        """Drop the background compiles this EP has not started: its session was
+        discarded (a candidate selection did not choose). The default: none are pending."""
 
     def compile(self, claim: SubgraphClaim, graph: ir.Graph) -> Kernel:
         """Compile a claimed subgraph into one kernel; EPs that claim must override it."""

@@ -19,8 +19,9 @@ from __future__ import annotations
 import bisect
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from nxrt.kernel import Cost, KernelMatch
@@ -306,11 +307,17 @@ class Registrar:
 
     Additions are staged and committed only when the plugin's hook returns,
     so a plugin that fails half-way leaves nothing behind.
+
+    ``ep_libraries`` (read-only, ``{registration name: path}``) are the ONNX
+    Runtime plugin-EP libraries registered with
+    ``nxrt.register_execution_provider_library``: a plugin that bridges to ONNX
+    Runtime (legacy_abi) registers an EP for each.
     """
 
-    def __init__(self, plugin: str) -> None:
+    def __init__(self, plugin: str, ep_libraries: Mapping[str, str] | None = None) -> None:
         self.plugin = plugin
         self.staged: list[EpDescriptor] = []
+        self.ep_libraries: Mapping[str, str] = MappingProxyType(dict(ep_libraries or {}))
 
     def add_provider(
         self,

@@ -11,7 +11,13 @@ none, the session's provider-selection policy decides
   each once untimed (its one-time costs: building, compiling, first-run
   allocation, reported beside its time but never part of it), then time it on
   feeds made from the model's input types and shapes, and keep the fastest.
-  Candidates that fail to build or run are skipped and reported. The budget is
+  Candidates that fail to build or run are skipped and reported. A candidate
+  whose EPs compile in the background (the cpu EP's tiered kernels) is timed
+  once they are done (``ExecutionProvider.wait_for_compiled``; the wait is a
+  one-time cost), so its time is its steady speed; one still compiling when
+  the budget runs out is timed on its interim kernels, and the decision is not
+  cached. The candidates not chosen drop the compiles they have not started
+  (``ExecutionProvider.cancel_compiles``). The budget is
   wall-clock time from the start of selection: no candidate is built, and no
   timing round started, once it is spent, so selection ends within the budget
   plus one candidate's build. The decision is cached on disk only when every
@@ -286,11 +292,18 @@ class Candidate:
     build_ms: float | None = None
     #: Its first run, untimed: first-run allocation and whatever compiles lazily.
     first_run_ms: float | None = None
+    #: Waiting, before timing, for the kernels its EPs compile in the background.
+    compile_ms: float | None = None
+    #: Whether it was still compiling when timed: its time is then its interim kernels'.
+    compiling: bool = False
 
     @property
     def measured(self) -> bool:
-        """Whether the candidate was tried: timed, or failed (a budget skip is neither)."""
-        return self.time_ms is not None or (bool(self.skipped) and self.skipped != NOT_MEASURED)
+        """Whether the candidate was tried: timed at its steady speed, or failed (a budget
+        skip is neither, nor a time taken while its kernels were still compiling)."""
+        if self.time_ms is not None:
+            return not self.compiling
+        return bool(self.skipped) and self.skipped != NOT_MEASURED
 
 
 @dataclass
@@ -317,13 +330,16 @@ class SelectionReport:
         for c in self.candidates:
             mark = "*" if c.providers == self.choice else " "
             what = f"{c.time_ms:.3f} ms" if c.time_ms is not None else f"skipped: {c.skipped}"
-            once = [
-                f"{label} {_duration(ms)}"
-                for label, ms in (("build", c.build_ms), ("first run", c.first_run_ms))
-                if ms is not None
-            ]
+            costs = (
+                ("build", c.build_ms),
+                ("first run", c.first_run_ms),
+                ("compile", c.compile_ms),
+            )
+            once = [f"{label} {_duration(ms)}" for label, ms in costs if ms is not None]
             if once and c.time_ms is not None:
                 what = f"{what:<12} (one-time: {', '.join(once)})"
+            if c.compiling:
+                what += ", timed while still compiling"
             lines.append(f"  {mark} {','.join(c.providers):<28} {what}")
         if self.note:
             lines.append(f"  {self.note}")
@@ -448,6 +464,12 @@ def measure(
                 if other.id not in providers and other.id != fallback and mix not in queue:
                     queue.insert(0, mix)
                     break
+    compiling = _wait_for_compiles(built, spent, budget_ms)
+    if compiling:
+        note = note or (
+            f"{', '.join(compiling)} still compiling when the budget of {budget_ms:.0f} ms was "
+            "spent, so timed on interim kernels: this choice serves this session only (not cached)"
+        )
     first_samples = {id(t): list(t.samples) for t in built}
     for t in built:
         t.samples.clear()
@@ -465,9 +487,35 @@ def measure(
         t.candidate.time_ms = statistics.median(t.samples or first_samples[id(t)])
         if best is None or t.candidate.time_ms < (best.candidate.time_ms or 0.0):
             best = t
+    for t in built:  # the losers' background compiles would only slow the winner down
+        if t is not best and hasattr(t.plan, "discard"):
+            t.plan.discard()
     if best is None:
         return Measurement([fallback], None, results, note or "every candidate failed")
     return Measurement(best.candidate.providers, best.plan, results, note)
+
+
+def _wait_for_compiles(
+    built: Sequence[_Timed], spent: Callable[[], float], budget_ms: float
+) -> list[str]:
+    """Before timing, let every built candidate's background compiles finish (within the
+    budget), so that each is timed at its steady speed and none is slowed by another's
+    compiling; what waiting took is a one-time cost. Returns the candidates still
+    compiling when the budget ran out (their times are their interim kernels')."""
+    still = []
+    for t in built:
+        wait = getattr(t.plan, "wait_for_compiled", None)
+        if wait is None:
+            continue
+        t0 = time.perf_counter()
+        done = wait(max(0.0, (budget_ms - spent()) / 1000))
+        waited = (time.perf_counter() - t0) * 1000
+        if waited >= 0.1:
+            t.candidate.compile_ms = waited
+        if not done:
+            t.candidate.compiling = True
+            still.append(",".join(t.candidate.providers))
+    return still
 
 
 def _time_block(

@@ -25,12 +25,22 @@ import numpy as np
 import onnx
 
 from nxrt import pipeline, runtime
+from nxrt.devices import (
+    RECORD_ASSIGNMENT,
+    OrtEpAssignedSubgraph,
+    OrtEpDevice,
+    assigned_subgraphs,
+    devices_of,
+    ep_device,
+)
 from nxrt.errors import InvalidArgument, NxrtError, RuntimeFailure
 from nxrt.executor import CopyKernel, Plan, Profiler
 from nxrt.host import NxrtPluginManager
 from nxrt.iobinding import IOBinding
+from nxrt.lora import LoraAdapter
 from nxrt.model import numpy_dtype, type_string_of
 from nxrt.ortvalue import HOST, OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue
+from nxrt.overrides import LOAD_CONFIG_FROM_MODEL, model_session_options
 from nxrt.partition import PartitionReport
 from nxrt.pipeline import DISABLE_CPU_EP_FALLBACK, DISABLE_MODEL_COMPILE, ProviderRequest
 from nxrt.selection import ExecutionProviderDevicePolicy
@@ -124,6 +134,8 @@ class SessionOptions:
         self._initializers: dict[str, OrtValue] = {}
         self._external_initializers: dict[str, OrtValue] = {}
         self._free_dimensions: dict[str, int] = {}
+        self._free_dimension_denotations: dict[str, int] = {}
+        self._external_files: dict[str, np.ndarray] = {}
         self._custom_op_libraries: list[str] = []
 
     def set_provider_selection_policy(self, policy: ExecutionProviderDevicePolicy | str) -> None:
@@ -143,6 +155,18 @@ class SessionOptions:
     def add_provider(self, provider_name: str, provider_options: dict[str, Any]) -> None:
         """An EP (id or ONNX Runtime name) for sessions created without ``providers``."""
         self._providers.append((str(provider_name), dict(provider_options)))
+
+    def add_provider_for_devices(
+        self, ep_devices: Sequence[OrtEpDevice], provider_options: dict[str, str]
+    ) -> None:
+        """The EPs of ``ep_devices`` (from ``get_ep_devices()``) with ``provider_options``, for
+        sessions created without ``providers``: onnxruntime's way to choose plugin EPs."""
+        for device in devices_of(ep_devices):
+            options = dict(provider_options)
+            if device.device.device_id:
+                options.setdefault("device_id", str(device.device.device_id))
+            if all(name != device.ep_name for name, _ in self._providers):
+                self.add_provider(device.ep_name, options)
 
     def has_providers(self) -> bool:
         """Whether EPs or a selection policy were set on these options."""
@@ -180,6 +204,36 @@ class SessionOptions:
         if int(dim_value) < 0:
             raise InvalidArgument(f"dimension {dim_name!r} cannot be {dim_value}: sizes are >= 0")
         self._free_dimensions[str(dim_name)] = int(dim_value)
+
+    def add_free_dimension_override_by_denotation(
+        self, dim_denotation: str, dim_value: int
+    ) -> None:
+        """Fix every free dimension denoted ``dim_denotation`` (``DATA_BATCH``...) to
+        ``dim_value``."""
+        if int(dim_value) < 0:
+            raise InvalidArgument(
+                f"dimensions denoted {dim_denotation!r} cannot be {dim_value}: sizes are >= 0"
+            )
+        self._free_dimension_denotations[str(dim_denotation)] = int(dim_value)
+
+    def add_external_initializers_from_files_in_memory(
+        self, file_names: Sequence[str], buffers: Sequence[Any], lengths: Sequence[int]
+    ) -> None:
+        """Give the contents of the external-data files the model names (``file_names``, as
+        the model's ``location`` fields write them) from memory instead of the disk. The
+        buffers are read in place (keep them alive and unchanged while sessions use them)."""
+        if not len(file_names) == len(buffers) == len(lengths):
+            raise InvalidArgument(
+                f"add_external_initializers_from_files_in_memory got {len(file_names)} names, "
+                f"{len(buffers)} buffers and {len(lengths)} lengths; give one of each per file"
+            )
+        for name, buffer, length in zip(file_names, buffers, lengths):
+            data = np.frombuffer(buffer, dtype=np.uint8)
+            if int(length) > data.size:
+                raise InvalidArgument(
+                    f"file {name!r} is given {length} bytes long, but its buffer has {data.size}"
+                )
+            self._external_files[os.fspath(name)] = data[: int(length)]
 
     def register_custom_ops_library(self, library_path: str) -> None:
         """Load an ONNX Runtime custom-op library, refusing it as onnxruntime does when it
@@ -231,6 +285,7 @@ class RunOptions:
         self.terminate = False
         self.only_execute_path_to_fetches = False
         self._config: dict[str, str] = {}
+        self._adapters: list[LoraAdapter] = []
 
     @property
     def run_tag(self) -> str:
@@ -241,6 +296,14 @@ class RunOptions:
     def run_tag(self, value: str) -> None:
         self.logid = value
 
+    def add_active_adapter(self, adapter: LoraAdapter) -> None:
+        """Run with ``adapter``'s parameters: each replaces the feed or initializer (one
+        listed as a graph input) of its name; when two active adapters set one name, the
+        first added wins, as in onnxruntime. The adapter is kept alive by these options."""
+        if not isinstance(adapter, LoraAdapter):
+            raise TypeError(f"add_active_adapter takes a LoraAdapter, got {type(adapter).__name__}")
+        self._adapters.append(adapter)
+
     def add_run_config_entry(self, key: str, value: str) -> None:
         self._config[str(key)] = str(value)
 
@@ -249,9 +312,12 @@ class RunOptions:
 
 
 def _config_entry(config: dict[str, str], key: str, owner: str, setter: str) -> str:
-    """A config entry, or the RuntimeError onnxruntime raises for a key never set."""
+    """A config entry, or the RuntimeError onnxruntime raises (same message) for a key never
+    set."""
     if key not in config:
-        raise RuntimeFailure(f"{owner} has no config entry {key!r}; set it with {setter}")
+        raise RuntimeFailure(
+            f"{owner} does not have configuration with key: {key}; set it with {setter}"
+        )
     return config[key]
 
 
@@ -375,6 +441,8 @@ class InferenceSession:
         provider_options: Sequence[dict[str, Any]] | None,
     ) -> None:
         """Create (or re-create, for ``set_providers``) everything from the source model."""
+        if os.environ.get(LOAD_CONFIG_FROM_MODEL, "") == "1":
+            self._options = _with_model_options(self._options, self._source)
         options = self._options
         self._log = runtime.SessionLog(options.logid, options.log_severity_level)
         self._warn_unsupported_options()
@@ -391,6 +459,8 @@ class InferenceSession:
             initializers={n: v.numpy() for n, v in options._initializers.items()},
             external_initializers={n: v.numpy() for n, v in options._external_initializers.items()},
             free_dimensions=dict(options._free_dimensions),
+            free_dimension_denotations=dict(options._free_dimension_denotations),
+            external_files=dict(options._external_files),
             optimized_model_path=os.fspath(options.optimized_model_filepath or ""),
             optional_providers=frozenset(runtime.ORT_PROVIDER_NAMES),
         )
@@ -414,11 +484,13 @@ class InferenceSession:
             [v for v in graph.inputs if v.name in initializer_names]
         )
         self._outputs = _describe_values(graph.outputs)
-        self._input_dtypes = {a.name: v for a, v in zip(self._inputs, self._input_values())}
+        # every graph input's value, initializers listed as inputs too (feeds override them)
+        self._input_dtypes = {v.name: v for v in graph.inputs}
         # built once: models that list their weights as inputs have hundreds of names
         self._expected_inputs = {a.name: a for a in self._inputs}
         self._required_inputs = [a.name for a in self._inputs if not a.type.startswith("optional")]
         self._overridable_names = frozenset(a.name for a in self._overridable)
+        self._checked_inputs = {a.name: a for a in (*self._overridable, *self._inputs)}
         # outputs that are graph inputs or views of them: run hands out copies of those
         self._fed_outputs = self._outputs_aliasing_inputs()
         self._device_inputs = self._inputs_read_on_one_device()
@@ -450,10 +522,6 @@ class InferenceSession:
                 "execution_order %s: nxrt keeps its own topological schedule",
                 ExecutionOrder(options.execution_order).name,
             )
-
-    def _input_values(self) -> list[ir.Value]:
-        names = {a.name for a in self._inputs}
-        return [v for v in self._model.graph.inputs if v.name in names]
 
     def _name_providers(self, requests: list[tuple[str, dict[str, Any]]] | None) -> list[str]:
         """The names ``get_providers()`` reports: each EP the caller named, as the caller
@@ -518,6 +586,17 @@ class InferenceSession:
             for name, (ep, _) in zip(self._provider_names, self._eps)
         }
 
+    def wait_for_compiled(self, timeout: float | None = None) -> bool:
+        """Block until every kernel the session's EPs compile in the background is ready
+        (the cpu EP's tiered kernels, ``nxrt.cpu.compile=background``): from then on runs
+        are bit-identical. Returns False when ``timeout`` seconds ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for ep, _ in self._eps:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not ep.wait_for_compiled(left):
+                return False
+        return True
+
     def set_providers(
         self,
         providers: Sequence[ProviderRequest] | None = None,
@@ -559,6 +638,35 @@ class InferenceSession:
     def get_output_memory_infos(self) -> list[OrtMemoryInfo]:
         """Where ``run`` returns each output: host memory."""
         return [self._host_memory() for _ in self._outputs]
+
+    def get_input_epdevices(self) -> list[OrtEpDevice | None]:
+        """The EP device that reads each input first (None: no kernel reads it), as
+        onnxruntime's plugin-EP API reports it."""
+        readers: dict[int, str] = {}
+        for step in self._plan.steps:
+            for slot in step.inputs:
+                readers.setdefault(slot, step.ep)
+        slots = self._plan.input_slots
+        found: list[OrtEpDevice | None] = []
+        for arg in self._inputs:
+            ep_id = readers.get(slots.get(arg.name, -2))
+            descriptor = self._state.registry.providers.get(ep_id or "")
+            found.append(ep_device(descriptor, self._pm) if descriptor is not None else None)
+        return found
+
+    def get_provider_graph_assignment_info(self) -> list[OrtEpAssignedSubgraph]:
+        """Which EP runs which nodes, as onnxruntime reports it: one subgraph per compiled
+        partition and one per node run alone. Needs the session config entry
+        ``session.record_ep_graph_assignment_info`` set to "1", as onnxruntime does
+        (:meth:`get_partition` reports the same and more, always)."""
+        if self._options._config.get(RECORD_ASSIGNMENT) != "1":
+            raise RuntimeFailure(
+                f"Session configuration entry '{RECORD_ASSIGNMENT}' must be set to \"1\" to "
+                "retrieve EP graph assignment information; set it with "
+                "add_session_config_entry before creating the session, or read get_partition()"
+            )
+        names = {ep.id: name for name, (ep, _) in zip(self._provider_names, self._eps)}
+        return assigned_subgraphs(self._report, names)
 
     @staticmethod
     def _host_memory() -> OrtMemoryInfo:
@@ -611,8 +719,11 @@ class InferenceSession:
         input_feed: dict[str, Any],
         run_options: RunOptions | None = None,
     ) -> list[Any]:
-        """Compute ``output_names`` (all when ``None``) from ``input_feed``."""
+        """Compute ``output_names`` (all when ``None``) from ``input_feed``. Each array comes
+        back as the session computed it, without a copy (its ``base`` holds the buffer)."""
         wanted = self._check_output_names(output_names)
+        if run_options is not None and run_options._adapters:
+            input_feed = self._with_adapters(input_feed, run_options._adapters)
         on_device: set[str] = set()
         feeds = self._check_feeds(input_feed, on_device)
         if run_options is not None or on_device:
@@ -624,7 +735,7 @@ class InferenceSession:
                 results = self._plan.execute(feeds, wanted, self._profiler)
         if self._fed_outputs:
             self._copy_fed_outputs(wanted, results, input_feed)
-        return results
+        return [r.view() if type(r) is np.ndarray and r.base is None else r for r in results]
 
     def run_with_ort_values(
         self,
@@ -862,12 +973,30 @@ class InferenceSession:
                 array = np.array(value, dtype=self._dtype_of(value_info))  # to the input's type
             else:
                 array = _host_array(value)
-            if name in expected and kind == "TensorType":
-                array = self._check_feed(expected[name], array)
+            if name in self._checked_inputs and kind == "TensorType":
+                array = self._check_feed(self._checked_inputs[name], array)
             if not array.flags.c_contiguous:
                 array = np.ascontiguousarray(array)
             feeds[name] = array
         return feeds
+
+    def _with_adapters(
+        self, input_feed: dict[str, Any], adapters: Sequence[LoraAdapter]
+    ) -> dict[str, Any]:
+        """The feeds with the active adapters' parameters in place of the feeds and
+        initializers of their names (the first adapter added wins a name)."""
+        self._check_required(input_feed)
+        merged = dict(input_feed)
+        for adapter in reversed(adapters):
+            for name, value in adapter.parameters.items():
+                if name not in self._expected_inputs and name not in self._overridable_names:
+                    raise InvalidArgument(
+                        f"Invalid input name: {name} (a parameter of an active LoRA adapter); "
+                        "an adapter replaces the model's inputs and the initializers listed as "
+                        f"graph inputs: {self._describe_inputs()}"
+                    )
+                merged[name] = value
+        return merged
 
     def _plain_tensor_inputs(self) -> dict[str, tuple[np.dtype, tuple[int | None, ...]]]:
         """Inputs an ndarray feeds as it is: numeric tensors of known type and rank, with
@@ -901,6 +1030,8 @@ class InferenceSession:
                 if want.kind == "O" and array.dtype.kind in "OSUV":
                     if array.dtype.kind in "SV":
                         array = _decoded(array)
+                    elif array.dtype.kind == "U":  # str objects, as ONNX Runtime returns them
+                        array = array.astype(object)
                 else:
                     if want.kind == "O":
                         hint = "str"
@@ -963,9 +1094,29 @@ class InferenceSession:
         kept: frozenset[str],
         run_options: RunOptions | None,
     ) -> list[Any]:
+        if run_options is not None and run_options._adapters:
+            inputs = self._with_adapters(inputs, run_options._adapters)
         on_device: set[str] = set()
         feeds = self._check_feeds(inputs, on_device)
         results = self._execute(feeds, wanted, run_options, on_device, kept)
         if self._fed_outputs:
             self._copy_fed_outputs(wanted, results, inputs)
         return results
+
+
+def _with_model_options(options: SessionOptions, source: Any) -> SessionOptions:
+    """A copy of ``options`` with the session options the model's ``ort_config`` metadata
+    sets (onnxruntime's ``ORT_LOAD_CONFIG_FROM_MODEL=1``: the model's win)."""
+    found = model_session_options(source)
+    if not found:
+        return options
+    options = copy.copy(options)
+    for key, value in found.items():
+        if key == "graph_optimization_level":
+            value = GraphOptimizationLevel(value)
+        elif key == "execution_mode":
+            value = ExecutionMode(value)
+        elif key == "enable_profiling":
+            value = bool(value)
+        setattr(options, key, value)
+    return options

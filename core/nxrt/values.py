@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 
 from nxrt.errors import InvalidArgument, InvalidModel
@@ -209,18 +210,55 @@ def _converter(dtype: ir.DataType):
     if dtype.is_floating_point():
 
         def real(v: Any) -> float:
-            if not isinstance(v, numbers.Real):
+            # ONNX Runtime takes what float() takes (numpy bools, 0-d arrays), but no text
+            v = _scalar(v)
+            if not isinstance(v, (numbers.Real, np.bool_)):
                 raise TypeError(f"{v!r} is not a number")
             return float(v)
 
         return real
 
     def integer(v: Any) -> int:
-        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+        v = _scalar(v)
+        if not isinstance(v, numbers.Integral) or isinstance(v, (bool, np.bool_)):
             raise TypeError(f"{v!r} is not an integer")
         return int(v)
 
     return integer
+
+
+def _scalar(v: Any) -> Any:
+    """A 0-d array as its one element (ONNX Runtime reads map values with float())."""
+    if isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "biuf":
+        return v[()]
+    return v
+
+
+def constant_array(tensor: Any) -> Any:
+    """An onnx_ir tensor's data as kernels take it: a string tensor as an object array
+    of ``str``, the form ONNX Runtime gives string tensors (onnx_ir gives ``bytes``, so
+    string initializers would come out of a graph as bytes and miss string keys)."""
+    array = tensor.numpy()
+    if isinstance(array, np.ndarray) and array.dtype.kind in "SO" and _is_string(tensor):
+        return as_strings(array)
+    return array
+
+
+def as_strings(array: np.ndarray) -> np.ndarray:
+    """``array`` (bytes, ``str`` or both) as an object array of ``str``."""
+    items = [
+        v.decode("utf-8", errors="replace") if isinstance(v, (bytes, np.bytes_)) else str(v)
+        for v in array.reshape(-1).tolist()
+    ]
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(array.shape)
+
+
+def _is_string(tensor: Any) -> bool:
+    import onnx_ir as ir
+
+    return getattr(tensor, "dtype", None) == ir.DataType.STRING
 
 
 def _name(dtype: ir.DataType) -> str:

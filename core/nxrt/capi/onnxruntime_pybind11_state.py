@@ -24,8 +24,32 @@ from nxrt.capi.status import (
     NotImplemented,
     RuntimeException,
 )
+from nxrt.devices import (
+    OrtArenaCfg,
+    OrtDevice,
+    OrtEpAssignedNode,
+    OrtEpAssignedSubgraph,
+    OrtEpDevice,
+    OrtHardwareDevice,
+    OrtHardwareDeviceType,
+    OrtSyncStream,
+    create_and_register_allocator,
+    create_and_register_allocator_v2,
+    get_ep_devices,
+    register_execution_provider_library,
+    unregister_execution_provider_library,
+)
 from nxrt.iobinding import IOBinding as SessionIOBinding
-from nxrt.ortvalue import OrtAllocatorType, OrtMemoryInfo, OrtMemType, OrtValue, copy_tensors
+from nxrt.lora import AdapterFormat, LoraAdapter
+from nxrt.ortvalue import (
+    OrtAllocatorType,
+    OrtDeviceMemoryType,
+    OrtMemoryInfo,
+    OrtMemoryInfoDeviceType,
+    OrtMemType,
+    OrtValue,
+    copy_tensors,
+)
 from nxrt.runtime import (
     disable_telemetry_events,
     enable_telemetry_events,
@@ -49,6 +73,7 @@ from nxrt.session import (
     RunOptions,
     SessionOptions,
 )
+from nxrt.sparse import OrtSparseFormat, SparseTensor
 
 
 def get_default_session_options() -> SessionOptions:
@@ -64,7 +89,26 @@ def get_available_providers() -> list[str]:
 
 
 __all__ = [
+    "AdapterFormat",
     "DeviceReset",
+    "LoraAdapter",
+    "OrtArenaCfg",
+    "OrtDevice",
+    "OrtDeviceMemoryType",
+    "OrtEpAssignedNode",
+    "OrtEpAssignedSubgraph",
+    "OrtEpDevice",
+    "OrtHardwareDevice",
+    "OrtHardwareDeviceType",
+    "OrtMemoryInfoDeviceType",
+    "OrtSparseFormat",
+    "OrtSyncStream",
+    "SparseTensor",
+    "create_and_register_allocator",
+    "create_and_register_allocator_v2",
+    "get_ep_devices",
+    "register_execution_provider_library",
+    "unregister_execution_provider_library",
     "EPFail",
     "EngineError",
     "ExecutionMode",

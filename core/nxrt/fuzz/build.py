@@ -169,8 +169,13 @@ class Builder:
             x = np.round(x * 2) / 2  # ties for Round, nearest-pixel modes, comparisons
         x = np.asarray(x.astype(dtype))
         if special and x.ndim and x.size and self.maybe(0.25):
-            mask = rng.random(shape) < 0.15
+            # mostly a sprinkle; now and then so many that whole windows, rows and slices
+            # are NaN or infinite (where a max, a pool or a comparison meets nothing else)
+            rate = self.choice([0.15, 0.15, 0.15, 0.5, 0.9])
+            mask = rng.random(shape) < rate
             specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype)
+            if self.maybe(0.3):
+                specials = np.array([np.nan, np.nan, -np.inf], dtype)
             x[mask] = specials[rng.integers(len(specials), size=int(mask.sum()))]
         return x
 

@@ -105,7 +105,14 @@ def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
 
 
 def _non_finite(node: onnx.NodeProto, inputs: Inputs) -> bool:
+    if node.op_type in FOLLOWS_ORT_ON_NAN:
+        return False
     return any(v is not None and v.dtype.kind == "f" and not np.all(np.isfinite(v)) for v in inputs)
+
+
+def _nan_in_one_d(node: onnx.NodeProto, inputs: Inputs) -> bool:
+    x = inputs[0] if inputs else None
+    return x is not None and x.ndim == 1 and x.dtype.kind == "f" and bool(np.isnan(x).any())
 
 
 def _non_finite_and_twin(case: Case, got: list[Any] | str) -> bool:
@@ -133,14 +140,25 @@ def _same_negative(node: onnx.NodeProto, inputs: Inputs) -> bool:
     x = inputs[0]
     if x is None or a.get("auto_pad") not in (b"SAME_UPPER", b"SAME_LOWER"):
         return False
-    total = _same_totals(node, x)
+    total = _same_totals(node, x, _weight(node, inputs))
     return any(t < 0 for t in total)
 
 
-def _same_totals(node: onnx.NodeProto, x: np.ndarray) -> list[int]:
+#: Where a convolution's weight sits among its inputs (its kernel is the weight's shape).
+_WEIGHT_INPUT = {"Conv": 1, "ConvInteger": 1, "QLinearConv": 3}
+
+
+def _weight(node: onnx.NodeProto, inputs: Inputs) -> np.ndarray | None:
+    at = _WEIGHT_INPUT.get(node.op_type)
+    return inputs[at] if at is not None and len(inputs) > at else None
+
+
+def _same_totals(
+    node: onnx.NodeProto, x: np.ndarray, weight: np.ndarray | None = None
+) -> list[int]:
     a = attrs_of(node)
     rank = x.ndim - 2
-    kernel = a.get("kernel_shape") or [1] * rank
+    kernel = a.get("kernel_shape") or (list(weight.shape[2:]) if weight is not None else [1] * rank)
     strides = a.get("strides", [1] * rank)
     dilations = a.get("dilations", [1] * rank)
     return [
@@ -156,9 +174,11 @@ def _explicit_pads_reference(case: Case, got: list[Any] | str) -> bool:
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
     node = model.graph.node[0]
-    x = next(iter(case.feeds.values()))
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    inputs = [case.feeds.get(n, init.get(n)) if n else None for n in node.input]
+    x = inputs[0]
     upper = attrs_of(node)["auto_pad"] == b"SAME_UPPER"
-    totals = [max(t, 0) for t in _same_totals(node, x)]
+    totals = [max(t, 0) for t in _same_totals(node, x, _weight(node, inputs))]
     begin = [t // 2 if upper else t - t // 2 for t in totals]
     kept = [a for a in node.attribute if a.name != "auto_pad"]
     del node.attribute[:]
@@ -458,10 +478,14 @@ def _fractional_output_width(node: onnx.NodeProto, inputs: Inputs) -> bool:
     x = inputs[0]
     scales = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros(0)
     sizes = inputs[3] if len(inputs) > 3 and inputs[3] is not None else np.zeros(0)
-    if mode not in (b"align_corners", b"tf_crop_and_resize", b"pytorch_half_pixel"):
-        return False
     if x is None:
         return False
+    # ONNX Runtime's trilinear kernel (linear mode on 3-D and 5-D inputs) divides by the
+    # integer output length in every coordinate mode
+    trilinear = a.get("mode", b"nearest") == b"linear" and x.ndim in (3, 5)
+    if mode not in (b"align_corners", b"tf_crop_and_resize", b"pytorch_half_pixel"):
+        if not trilinear:
+            return False
     axes = [ax % x.ndim for ax in a.get("axes") or range(x.ndim)]
     policy = a.get("keep_aspect_ratio_policy", b"stretch")
     if sizes.size and policy != b"stretch":  # one scale for every axis, from the sizes
@@ -718,9 +742,15 @@ def _integers(node: onnx.NodeProto, inputs: Inputs) -> bool:
     return bool(inputs) and inputs[0] is not None and inputs[0].dtype.kind in "iu"
 
 
-NAN_MAX_MIN = ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin", "Hardmax", "MaxPool",
-               "GlobalMaxPool", "TopK", "Max", "Min", "ScatterND",
-               "ScatterElements")  # fmt: skip
+NAN_MAX_MIN = ("ArgMax", "ArgMin")
+
+#: Ops whose NaN and infinity handling nxrt takes from onnxruntime (the spec says nothing
+#: of it): a disagreement over non-finite inputs is a failure, not a known difference.
+FOLLOWS_ORT_ON_NAN = frozenset(
+    "ReduceMax ReduceMin ArgMax ArgMin Hardmax MaxPool GlobalMaxPool TopK Max Min Clip "
+    "ScatterND ScatterElements Less Greater LessOrEqual GreaterOrEqual Equal "
+    "BatchNormalization".split()
+)
 
 #: Integer ops whose results can leave their type.
 OVERFLOWING = (
@@ -732,11 +762,11 @@ KNOWN: list[KnownDifference] = [
     KnownDifference(
         "nan-in-max-min",
         NAN_MAX_MIN,
-        "a NaN in a max or min (reduction, pooling, arg-max, Hardmax, TopK, the max/min "
-        "reductions of ScatterND/ScatterElements): nxrt returns NaN (and its index), as "
-        "IEEE 754 maximum/minimum, numpy and onnx.reference do; onnxruntime's answer "
-        "depends on where the NaN sits and on the dtype",
-        _non_finite,
+        "a NaN in ArgMax or ArgMin over a 1-D input: nxrt gives onnxruntime's index wherever "
+        "its rule is known (the first element, then each strictly better one), but over a "
+        "1-D input onnxruntime uses Eigen's vectorised maxCoeff(&index), which keeps a NaN "
+        "that starts an SSE packet, and that is not replayed",
+        _nan_in_one_d,
         _finite_twin_only,
     ),
     KnownDifference(
@@ -790,11 +820,12 @@ KNOWN: list[KnownDifference] = [
     KnownDifference(
         "resize-fractional-output-width",
         ("Resize",),
-        "align_corners, tf_crop_and_resize and pytorch_half_pixel with a scale whose output "
-        "width (scale * input length) is fractional: ONNX's node tests "
+        "align_corners, tf_crop_and_resize and pytorch_half_pixel, or any coordinate mode in "
+        "a linear Resize of a 3-D or 5-D input (onnxruntime's trilinear kernel), with a scale "
+        "whose output width (scale * input length) is fractional: ONNX's node tests "
         "(test_resize_downsample_scales_linear_align_corners) and onnx.reference divide by "
-        "that fractional width; onnxruntime divides by the integer output length, and fails "
-        "those node tests",
+        "that fractional width (the scale given); onnxruntime divides by the integer output "
+        "length, and fails those node tests",
         _fractional_output_width,
         _resize_reference,
     ),
@@ -981,11 +1012,12 @@ KNOWN: list[KnownDifference] = [
     ),
     KnownDifference(
         "same-negative-padding",
-        ("MaxPool", "AveragePool", "LpPool"),
+        ("MaxPool", "AveragePool", "LpPool", "Conv", "ConvInteger", "QLinearConv"),
         "SAME auto_pad with a kernel shorter than its stride: the spec pads the input so "
         "that there are ceil(in / stride) windows, and a padding is never negative, so the "
         "windows start at the input's first element; onnxruntime's pools take the negative "
-        "total and crop the input's start by it (its float32 MaxPool refuses instead)",
+        "total and crop the input's start by it (its float32 MaxPool refuses instead), and "
+        "so do its convolutions with SAME_UPPER once the total is -2 or less",
         _same_negative,
         _explicit_pads_reference,
     ),

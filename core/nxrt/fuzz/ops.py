@@ -302,7 +302,7 @@ def top_k(b: Builder, op: str) -> onnx.NodeProto:
         n_out=2,
         axis=None if b.maybe(0.3) and axis in (-1, value.ndim - 1) else axis,
         largest=flag(b),
-        sorted=None if b.maybe(0.5) else 1,
+        sorted=None if b.maybe(0.5) else b.choice([1, 1, 0]),  # 0: onnxruntime's order
     )
 
 
@@ -553,7 +553,9 @@ def pad(b: Builder, op: str) -> onnx.NodeProto:
     for _side in range(2):
         for a in axes:
             d = shape[a]
-            pads.append(b.choice([0, 0, 1, 2, -1]) if d else b.choice([0, 1]))
+            # reflect reaches at most d - 1 values, wrap d; a negative pad crops
+            wide = [0, 0, 1, 2, -1, d - 1, d, -d, d + 1]
+            pads.append(b.choice(wide) if d else b.choice([0, 1]))
     inputs = [x, b.param(op, 1, pads)]
     if b.maybe(0.6) and mode == "constant":
         inputs.append(b.param(op, 2, b.data(b.value(x).dtype, ()), b.value(x).dtype))

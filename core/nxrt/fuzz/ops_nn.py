@@ -26,11 +26,11 @@ def spatial_attrs(b: Builder, kernel: list[int], *, dilations: bool = True) -> d
     if auto_pad != "NOTSET" or b.maybe(0.2):
         attrs["auto_pad"] = auto_pad
     if auto_pad == "NOTSET" and b.maybe(0.7):
-        attrs["pads"] = [b.choice([0, 0, 1, 2]) for _ in range(2 * n)]
+        attrs["pads"] = [b.choice([0, 0, 1, 2, 3]) for _ in range(2 * n)]
     if b.maybe(0.7):
-        attrs["strides"] = [b.choice([1, 1, 2, 3]) for _ in range(n)]
+        attrs["strides"] = [b.choice([1, 1, 2, 3, 4]) for _ in range(n)]
     if dilations and b.maybe(0.4):
-        attrs["dilations"] = [b.choice([1, 1, 2]) for _ in range(n)]
+        attrs["dilations"] = [b.choice([1, 1, 2, 3]) for _ in range(n)]
     return attrs
 
 
@@ -51,7 +51,7 @@ def conv(b: Builder, op: str) -> onnx.NodeProto:
     if group == 1 and c % 2 == 0 and b.maybe(0.2):
         group = 2
     m = group * b.int(1, 3)
-    kernel = [b.int(1, 3) for _ in range(n)]
+    kernel = [b.int(1, 4) for _ in range(n)]
     w = b.like(value.dtype, (m, c // group, *kernel), fresh=0.8)
     inputs = [x, w]
     if b.maybe(0.5):
@@ -104,7 +104,7 @@ def conv_integer(b: Builder, op: str) -> onnx.NodeProto:
 
 
 def pool_kernel(b: Builder, shape: tuple[int, ...], n: int) -> list[int]:
-    return [b.int(1, max(1, min(3, d + 1))) for d in shape[-n:]]
+    return [b.int(1, max(1, min(4, d + 1))) for d in shape[-n:]]
 
 
 @gen("AveragePool", "MaxPool", "LpPool")
@@ -235,17 +235,29 @@ COORDINATE_MODES = [
 ]
 
 
+#: Scales drawn for Resize: whole factors, and ones whose output width is fractional for
+#: most lengths (1.25, 0.75, 0.34 ...), which the coordinate modes treat differently.
+RESIZE_SCALES = (0.5, 0.6, 0.75, 1.0, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 0.34, 0.9, 1.7)
+
+
 @gen("Resize")
 def resize(b: Builder, op: str) -> onnx.NodeProto:
+    """Every attribute against every other: modes, coordinate modes, nearest rounding,
+    cubic coefficient, exclude_outside (for cubic and antialiased linear, now and then for
+    the others too, which onnxruntime refuses), extrapolation (read only by
+    tf_crop_and_resize), antialias, axes (negative, out of order), the aspect policy,
+    scales or sizes, a roi the mode ignores; ranks 1 to 5."""
     version = since(op, b)
-    x = b.pick(b.types(op), (1, 4), lo=1, hi=5)
+    x = b.pick(b.types(op), (1, 5), lo=1, hi=5)
     value = b.value(x)
     rank = value.ndim
     mode = b.choice(["nearest", "linear", "cubic"])
     resized = list(range(rank))
-    if version >= 18 and b.maybe(0.3):
+    if version >= 18 and b.maybe(0.35):
         resized = sorted(b.axes(rank, lo=1), key=lambda a: a % rank)
-    elif b.maybe(0.6) and rank >= 2:
+        if len(resized) > 1 and b.maybe(0.2):
+            b.rng.shuffle(resized)  # the spec allows axes in any order
+    elif b.maybe(0.5) and rank >= 2:
         resized = list(range(rank - 2, rank))  # the usual: only H and W change
     modes = COORDINATE_MODES + (["half_pixel_symmetric"] if version >= 19 else [])
     ctm = b.choice(modes)
@@ -254,39 +266,39 @@ def resize(b: Builder, op: str) -> onnx.NodeProto:
         "coordinate_transformation_mode": None if b.maybe(0.2) else ctm,
     }
     ctm = attrs["coordinate_transformation_mode"] or "half_pixel"
-    if mode == "nearest" and b.maybe(0.7):
+    if (mode == "nearest" and b.maybe(0.7)) or b.maybe(0.1):
         attrs["nearest_mode"] = b.choice(
             ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
         )
-    if mode == "cubic":
+    if mode == "cubic" or b.maybe(0.1):
         attrs["cubic_coeff_a"] = fl(b, -0.75, -1.0, -0.5)
-        attrs["exclude_outside"] = flag(b, 0.5)
-    if ctm == "tf_crop_and_resize":
-        attrs["extrapolation_value"] = fl(b, 0.0)
-    if version >= 18 and mode != "nearest" and b.maybe(0.3):
+    antialias = version >= 18 and mode != "nearest" and b.maybe(0.3)
+    if antialias:
         attrs["antialias"] = 1
-    if version >= 18 and len(resized) < rank:
+    if mode == "cubic" or (antialias and b.maybe(0.5)) or b.maybe(0.05):
+        attrs["exclude_outside"] = flag(b, 0.5)
+    if ctm == "tf_crop_and_resize" or b.maybe(0.1):
+        attrs["extrapolation_value"] = fl(b, 0.0, -2.0, 7.0)
+    if version >= 18 and (len(resized) < rank or b.maybe(0.1)):
         attrs["axes"] = [a - rank if b.maybe(0.3) else a for a in resized]
     n = len(resized) if "axes" in attrs else rank
     moved = resized if "axes" in attrs else list(range(rank))
     roi = ""
-    if ctm == "tf_crop_and_resize":
+    if ctm == "tf_crop_and_resize" or (version >= 11 and b.maybe(0.1)):
         starts = b.rng.uniform(-0.2, 0.5, n)
         ends = starts + b.rng.uniform(0.2, 1.0, n)
         roi = b.param(op, 1, np.concatenate([starts, ends]), b.choice([F32, value.dtype]))
     if b.maybe(0.5):
-        scales = [
-            float(b.choice([0.5, 0.6, 1.0, 1.5, 2.0, 2.5, 3.0, 0.34])) if a in resized else 1.0
-            for a in moved
-        ]
+        scales = [float(b.choice(RESIZE_SCALES)) if a in resized else 1.0 for a in moved]
         inputs = [x, roi, b.param(op, 2, scales, F32)]
     else:
         sizes = [
             b.int(1, 2 * value.shape[a] + 2) if a in resized else value.shape[a] for a in moved
         ]
-        if version >= 18 and b.maybe(0.3):
+        if version >= 18 and b.maybe(0.35):
             attrs["keep_aspect_ratio_policy"] = b.choice(["stretch", "not_larger", "not_smaller"])
-        inputs = [x, roi, "", b.param(op, 3, sizes)]
+        scales_input = "" if b.maybe(0.7) else b.const(np.zeros(0, F32))
+        inputs = [x, roi, scales_input, b.param(op, 3, sizes)]
     if version < 13 and not roi:
         inputs[1] = b.const(np.zeros(0, F32))
     if not roi and len(inputs) == 3 and b.maybe(0.5) and version >= 13:
@@ -302,7 +314,14 @@ def grid_sample(b: Builder, op: str) -> onnx.NodeProto:
     n, c = b.dim(hi=2), b.dim(hi=3)
     x = b.like(dtype, (n, c, *[b.dim(hi=5) for _ in range(spatial)]))
     out = [b.dim(hi=4) for _ in range(spatial)]
-    grid = b.input(b.rng.uniform(-1.3, 1.3, (n, *out, spatial)).astype(b.choice(b.types(op, 1))))
+    reach = b.choice([1.0, 1.3, 1.3, 2.5])
+    points = b.rng.uniform(-reach, reach, (n, *out, spatial))
+    if b.maybe(0.3):  # the corners and the centre, where the align_corners modes differ
+        exact = b.rng.random(points.shape) < 0.3
+        points[exact] = b.rng.choice([-1.0, 0.0, 1.0], int(exact.sum()))
+    if b.maybe(0.1):
+        points.reshape(-1)[b.int(0, points.size - 1)] = np.nan
+    grid = b.input(points.astype(b.choice(b.types(op, 1))))
     modes = ["linear", "nearest", "cubic"] if version >= 20 else ["bilinear", "nearest", "bicubic"]
     mode = b.choice(modes)
     if spatial == 3 and mode == "cubic":
@@ -331,13 +350,15 @@ def roi_align(b: Builder, op: str) -> onnx.NodeProto:
     n, c, h, w = b.dim(hi=2), b.dim(hi=3), b.dim(2, 6), b.dim(2, 6)
     x = b.like(dtype, (n, c, h, w))
     rois = b.int(0, 3)
-    corners = b.rng.uniform(-1, max(h, w) + 1, (rois, 2, 2))
+    corners = b.rng.uniform(-2, max(h, w) + 2, (rois, 2, 2))
     boxes = np.concatenate([corners.min(1), corners.max(1)], axis=1)
+    if rois and b.maybe(0.15):  # a box given upside down, or of no size
+        boxes[0] = boxes[0][[2, 3, 0, 1]] if b.maybe() else boxes[0][[0, 1, 0, 1]]
     attrs = {
         "mode": None if b.maybe(0.4) else b.choice(["avg", "max"]),
-        "output_height": None if b.maybe(0.3) else b.int(1, 3),
-        "output_width": None if b.maybe(0.3) else b.int(1, 3),
-        "sampling_ratio": None if b.maybe(0.3) else b.int(0, 2),
+        "output_height": None if b.maybe(0.3) else b.int(1, 4),
+        "output_width": None if b.maybe(0.3) else b.int(1, 4),
+        "sampling_ratio": None if b.maybe(0.3) else b.int(0, 3),
         "spatial_scale": fl(b, 1.0, 0.25, 2.0),
     }
     if since(op, b) >= 16 and b.maybe(0.7):

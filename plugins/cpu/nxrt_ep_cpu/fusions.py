@@ -6,22 +6,27 @@ Rewrites that produce standard ops (Conv+BatchNormalization, MatMul+Add into
 Gemm, Gemm weights stored untransposed) always run; fusions into nxrt's own
 ``pkg.nxrt`` ops (FusedConv, FusedMatMul, with the activations of
 :func:`_fused_activation`) run where ``supports(domain, op_type)`` says the EP
-has a kernel for the fused op.
+has a kernel for the fused op. Quantized models go first through
+:mod:`~nxrt_ep_cpu.quant_fusions` (QDQ chains and dynamic quantization into
+integer kernels).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_ir as ir
 
 from nxrt.contrib_ops import DOMAIN as FUSED_DOMAIN
 from nxrt.contrib_ops import FUSED_SINCE as FUSED_VERSION
+from nxrt.kernel import attribute_values
 from nxrt.optimizer import constant_array as _constant
 from nxrt.optimizer import new_initializer as _new_initializer
+from nxrt_ep_cpu.kernels import CpuKernel
+from nxrt_ep_cpu.quant_fusions import quant_passes
 
 if TYPE_CHECKING:
     from nxrt.provider import ExecutionProvider
@@ -32,6 +37,8 @@ if TYPE_CHECKING:
 #: ``x * Sigmoid(x)`` (Swish), ``x * HardSigmoid(x)`` with HardSwish's constants, and
 #: GELU in its erf and tanh forms (Gelu, FastGelu); see :func:`_fused_activation`.
 FUSABLE_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish")
+#: An opset above every registered version: "is there a kernel at all".
+_ANY_OPSET = 1 << 16
 #: HardSigmoid's parameters inside HardSwish (``x * HardSigmoid(x)``), as float32.
 _HARD_SWISH_ALPHA, _HARD_SWISH_BETA = float(np.float32(1 / 6)), 0.5
 
@@ -881,7 +888,23 @@ def cpu_passes(ep: ExecutionProvider) -> list[ir.passes.PassBase]:
     def supports(domain: str, op_type: str) -> bool:
         return ep.ops is not None and ep.ops.lookup(domain, op_type, 1) is not None
 
+    def has_kernel(domain: str, op_type: str) -> bool:  # at any opset
+        return ep.ops is not None and ep.ops.lookup(domain, op_type, _ANY_OPSET) is not None
+
+    def evaluate(node: ir.Node, opset: int) -> list[Any] | None:
+        """A node of constants computed once by its numpy kernel (no compiled one is built
+        for a node about to disappear)."""
+        entry = ep.ops.lookup(node.domain, node.op_type, opset) if ep.ops is not None else None
+        if entry is None:
+            return None
+        inputs = [v.const_value.numpy() if v is not None else None for v in node.inputs]
+        try:
+            return list(CpuKernel(entry.fn, attribute_values(node)).compute(inputs))
+        except Exception:  # noqa: BLE001 - left in the graph, to fail (or run) at run time
+            return None
+
     return [
+        *quant_passes(has_kernel, evaluate),
         FuseConvBatchNorm(),
         FoldChannelAffine(),
         FoldPreActivation(),

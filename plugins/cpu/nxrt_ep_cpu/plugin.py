@@ -67,3 +67,12 @@ def nxrt_optimizer_passes(ep: ExecutionProvider) -> list[PassBase] | None:
     from nxrt_ep_cpu.fusions import cpu_passes
 
     return cpu_passes(ep)
+
+
+@nxrt.hookimpl
+def nxrt_warmup(ep: ExecutionProvider, model: str | None) -> list[str] | None:
+    if ep.id != EP_ID:
+        return None
+    from nxrt_ep_cpu.warmup import warmup
+
+    return warmup(model, threads=ep.config.threads)

@@ -1,11 +1,19 @@
-"""The cpu execution provider: host memory, numpy kernels."""
+"""The cpu execution provider: host memory, numpy kernels, loops compiled in the background.
+
+Options (provider options; ``nxrt.cpu.compile`` may also be a session config entry):
+``enable_cpu_mem_arena`` (ONNX Runtime's), ``nxrt.cpu.compile`` (``background`` or
+``wait``, see :mod:`~nxrt_ep_cpu.compiling`), and the expert-paging options of
+``pkg.nxrt::BlockQuantizedMoE``.
+"""
 
 from __future__ import annotations
 
 import functools
+import time
 from typing import TYPE_CHECKING
 
 from nxrt.provider import EpConfig, ExecutionProvider
+from nxrt_ep_cpu.compiling import compiles_of, wait_for_compiled
 from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops import CPU_OPS
 
@@ -27,8 +35,24 @@ class CpuExecutionProvider(ExecutionProvider):
 
     def initialize(self) -> None:
         super().initialize()
+        compiles_of(self)  # reads nxrt.cpu.compile: a wrong value fails here, not later
         if str(self.config.options.get(ARENA_OPTION, "1")) not in ("0", "false", "False"):
             keep_freed_memory()
+
+    def wait_for_compiled(self, timeout: float | None = None) -> bool:
+        """Block until this EP's kernels compiling in the background are built
+        (:mod:`~nxrt_ep_cpu.compiling`), and the compiling thread is idle (a discarded
+        session's last build would slow the runs down); False when ``timeout`` seconds
+        ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not compiles_of(self).wait(timeout):
+            return False
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return wait_for_compiled(left)
+
+    def cancel_compiles(self) -> None:
+        """Drop this EP's background compiles not yet started (its session was discarded)."""
+        compiles_of(self).cancel()
 
     def create_kernel(self, node: ir.Node, entry: KernelEntry) -> Kernel:
         """The base class's kernel, as a :class:`CpuKernel` where it binds a function,

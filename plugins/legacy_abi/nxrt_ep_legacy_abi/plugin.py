@@ -6,9 +6,10 @@ runs on ORT's CPUExecutionProvider unless its ``provider`` option names
 another; distributions that ship more providers add an id each
 (``onnxruntime-gpu`` adds ``legacy_abi_cuda`` and ``legacy_abi_tensorrt``),
 and each ORT plugin-EP library named in ``NXRT_ORT_EP_LIBRARIES=name=path,...``
-adds ``legacy_abi_<name>``. Whether a provider really loads is checked when
-its EP is instantiated, so a missing or broken one fails (``EpLoadFailed``)
-only when a session asks for it.
+or registered with ``nxrt.register_execution_provider_library(name, path)``
+adds ``legacy_abi_<name>``, which also answers to ``name``. Whether a provider
+really loads is checked when its EP is instantiated, so a missing or broken
+one fails (``EpLoadFailed``) only when a session asks for it.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ def _ours(ep: ExecutionProvider) -> bool:
 def nxrt_register(registry: Registrar) -> None:
     from nxrt_ep_legacy_abi.provider import create_ep, discover_eps
 
-    for spec in discover_eps():
+    for spec in discover_eps(libraries=getattr(registry, "ep_libraries", None)):
         registry.add_provider(
             spec.id,
             functools.partial(create_ep, spec),
             device_type=spec.device_type,
             context_sources=(spec.id,),
+            aliases=(spec.provider,) if spec.library is not None else (),
             description=spec.description,
             priority=10,  # by default after native EPs such as mlx, before the cpu EP
         )

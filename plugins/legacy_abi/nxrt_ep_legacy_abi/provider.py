@@ -113,12 +113,16 @@ def _slug(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower() or "lib"
 
 
-def discover_eps(environ: Mapping[str, str] = os.environ) -> list[OrtEpSpec]:
+def discover_eps(
+    environ: Mapping[str, str] = os.environ, libraries: Mapping[str, str] | None = None
+) -> list[OrtEpSpec]:
     """The EP ids to register: ``legacy_abi``, one per extra provider, one per library.
 
-    Read from installed distribution names (``onnxruntime-gpu`` brings CUDA)
-    and ``NXRT_ORT_EP_LIBRARIES``; which providers really work is checked when
-    an EP is instantiated, so a broken one fails only when asked for.
+    Read from installed distribution names (``onnxruntime-gpu`` brings CUDA),
+    ``NXRT_ORT_EP_LIBRARIES`` and ``libraries`` (those registered with
+    ``nxrt.register_execution_provider_library``, which win over the
+    environment's of the same name); which providers really work is checked
+    when an EP is instantiated, so a broken one fails only when asked for.
     """
     present = [name for name in ORT_DISTRIBUTIONS if _installed(name)]
     if not present:
@@ -130,7 +134,8 @@ def discover_eps(environ: Mapping[str, str] = os.environ) -> list[OrtEpSpec]:
                 specs.append(
                     OrtEpSpec(f"{EP_ID}_{suffix}", provider, description=f"ONNX Runtime {provider}")
                 )
-    for name, path in parse_libraries(environ.get(LIBRARIES_ENV, "")).items():
+    named = {**parse_libraries(environ.get(LIBRARIES_ENV, "")), **(libraries or {})}
+    for name, path in named.items():
         ep_id = f"{EP_ID}_{_slug(name)}"
         while any(s.id == ep_id for s in specs):
             ep_id += "_lib"

@@ -20,14 +20,15 @@ tails. The band is then written out with the bias, the residual and a
 Relu/Clip clamp (NaN stays NaN, as ``np.maximum``).
 
 On small maps those padded rows cost too much (a 7x7 kernel on a 7x7 map
-computes 13 values per row to keep 7): :func:`depthwise_blocks` moves 16
-channels at a time to channels-last and computes each output pixel's 16
-channels in one vector register (see the section below). On maps up to 64
-wide but of 1024 pixels and more, :func:`depthwise_rows` does the same a row
-at a time: only the rows the current output row reads are in channels-last,
-so the block never leaves L1 (measured on 56-112 wide maps: 1.0-1.25x
-faster than whole planes on one core, 1.2x on two, 2.3x where one block of
-16 channels is cut in two bands).
+computes 13 values per row to keep 7): :func:`depthwise_blocks` moves a
+vector register's worth of channels at a time (16 on AVX-512, 8 on AVX2:
+``isa.py``) to channels-last and computes each output pixel's channels in
+one register (see the section below). On maps up to 64 wide but of 1024
+pixels and more, :func:`depthwise_rows` does the same a row at a time: only
+the rows the current output row reads are in channels-last, so the block
+never leaves L1 (measured on 56-112 wide maps with AVX-512's 16 channels:
+1.0-1.25x faster than whole planes on one core, 1.2x on two, 2.3x where one
+block is cut in two bands).
 
 :func:`image_columns` and :func:`columns_to_images` pack the GEMM columns of
 several whole images and move the product back to ``(image, filter,
@@ -45,19 +46,21 @@ pass).
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
-from nxrt_ep_cpu.jit import inline, njit
+from nxrt_ep_cpu.jit import inline, isa, njit
+from nxrt_ep_cpu.jit.vectors import operations
+from nxrt_ep_cpu.jit.vectors import stack as _stack
 
 #: FMA contraction only: NaN and inf keep their meaning.
 _FMA = {"contract"}
-#: SIMD width the accumulator length is rounded up to (16 float32 lanes of AVX-512).
-LANES = 16
+#: What the direct kernel rounds its passes up to: a multiple of every level's vector width
+#: (16 float32 lanes of AVX-512, 8 of AVX2).
+ROUND = 16
 
 
 @inline
@@ -266,10 +269,10 @@ def direct_conv(
     plane_in = x.shape[1] * x.shape[2]
     plane_out = ho * wo
     buf = np.zeros(size, np.float32)
-    acc = np.empty(2 * (band * wq + LANES), np.float32)
+    acc = np.empty(2 * (band * wq + ROUND), np.float32)
     count = np.uint64(wo)
     blocks = -(-mg // fb)
-    other = band * wq + LANES
+    other = band * wq + ROUND
     for item in range(first, stop):
         image, rest = item // (groups * blocks), item % (groups * blocks)
         group, j0 = rest // blocks, (rest % blocks) * fb
@@ -280,7 +283,7 @@ def direct_conv(
         # bands outermost: a band's input rows stay in cache for all the filters
         for r0 in range(0, ho, band):
             r1 = min(ho, r0 + band)
-            n = -(-((r1 - r0) * wq) // LANES) * LANES
+            n = -(-((r1 - r0) * wq) // ROUND) * ROUND
             shift = r0 * wq
             for j in range(j0, j1, 2):
                 pair = j + 1 < j1
@@ -439,135 +442,32 @@ def columns_to_images(product, out, bias, z, first, lo, hi, clamp):  # pragma: n
                     dst[p] = hi if v > hi else v
 
 
-# -- depthwise, 16 channels at a time --------------------------------------------------------
+# -- depthwise, a vector of channels at a time ------------------------------------------------
 #
 # On small maps the padded rows above cost too much (a 7x7 kernel on a 7x7 map computes
-# 13 values per row for 7 kept). There each block of 16 channels is moved to channels-last
-# (16 values per pixel) and each output pixel is 16 channels in one AVX-512 register: a
-# multiply-add per tap, four pixels at a time sharing the tap's weight vector, nothing
-# computed in the padding. numba leaves fixed 16-wide loops scalar (its SLP vectorizer is
-# off), so the vector operations are LLVM IR written out by the intrinsics below.
-
-_FLOAT = ir.FloatType()
-_VECTOR = ir.VectorType(_FLOAT, 16)
-_INDEX = ir.IntType(64)
-_MASK = ir.VectorType(ir.IntType(32), 16)
-
-
-def _vector_at(context, builder, array_type, array, index):  # pragma: no cover - codegen
-    """A ``<16 x float>*`` to ``array[index:index + 16]`` (no bounds check)."""
-    data = context.make_array(array_type)(context, builder, array).data
-    return builder.bitcast(builder.gep(data, [index]), _VECTOR.as_pointer())
+# 13 values per row for 7 kept). There each block of LANES channels (a vector register:
+# 16 on AVX-512, 8 on AVX2, see ``isa.py``) is moved to channels-last (LANES values per
+# pixel) and each output pixel is one vector: a multiply-add per tap, eight pixels at a
+# time sharing the tap's weight vector (eight accumulators: half of AVX2's registers),
+# nothing computed in the padding. numba leaves fixed-width loops scalar (its SLP
+# vectorizer is off), so the vector operations are LLVM IR (``vectors.py``); the loops
+# read their level's LANES and those operations (_fma, _copy, _clamp, _transpose) as
+# globals, laid over this module's by :func:`kernels`.
+# ruff: noqa: F821
 
 
-@intrinsic
-def _fma16(typingctx, acc, at, x, xi, w, wi):  # pragma: no cover - numba typing
-    """``acc[at:at+16] += x[xi:xi+16] * w[wi:wi+16]``: one fused vector multiply-add."""
-    signature = types.void(acc, at, x, xi, w, wi)
-
-    def codegen(context, builder, sig, args):
-        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
-        px = _vector_at(context, builder, sig.args[2], args[2], args[3])
-        pw = _vector_at(context, builder, sig.args[4], args[4], args[5])
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32"
-        )
-        product = builder.call(
-            fma, [builder.load(px, align=4), builder.load(pw, align=4), builder.load(pa, align=4)]
-        )
-        builder.store(product, pa, align=4)
-        return context.get_dummy_value()
-
-    return signature, codegen
+def kernels(level: str | None = None) -> SimpleNamespace:
+    """The channel-blocked depthwise loops below compiled for ``level`` (default: the
+    target's, ``isa.level()``), with its ``LANES``: the channels of a block."""
+    return _kernels(level or isa.level())
 
 
-@intrinsic
-def _copy16(typingctx, dst, di, src, si):  # pragma: no cover - numba typing
-    """``dst[di:di+16] = src[si:si+16]`` as one vector load and store."""
-    signature = types.void(dst, di, src, si)
-
-    def codegen(context, builder, sig, args):
-        value = builder.load(_vector_at(context, builder, sig.args[2], args[2], args[3]), align=4)
-        builder.store(value, _vector_at(context, builder, sig.args[0], args[0], args[1]), align=4)
-        return context.get_dummy_value()
-
-    return signature, codegen
-
-
-@intrinsic
-def _clamp16(typingctx, acc, at, lo, hi):  # pragma: no cover - numba typing
-    """``acc[at:at+16] = clamp(acc[at:at+16], lo, hi)`` with compares and selects, as the
-    scalar loops do: NaN stays NaN."""
-    signature = types.void(acc, at, lo, hi)
-
-    def codegen(context, builder, sig, args):
-        pa = _vector_at(context, builder, sig.args[0], args[0], args[1])
-        v = builder.load(pa, align=4)
-        bounds = [context.cast(builder, args[i], sig.args[i], types.float32) for i in (2, 3)]
-        for bound, op in ((bounds[0], "<"), (bounds[1], ">")):
-            one = builder.insert_element(ir.Constant(_VECTOR, None), bound, _INDEX(0))
-            splat = builder.shuffle_vector(one, one, ir.Constant(_MASK, [0] * 16))
-            v = builder.select(builder.fcmp_ordered(op, v, splat), splat, v)
-        builder.store(v, pa, align=4)
-        return context.get_dummy_value()
-
-    return signature, codegen
-
-
-@intrinsic
-def _transpose16(typingctx, dst, di, dstride, src, si, sstride):  # pragma: no cover - typing
-    """``dst[di + c * dstride + r] = src[si + r * sstride + c]`` for ``r, c < 16``: 16
-    vector loads, four rounds of two-vector shuffles (each swaps one bit of the row and
-    column numbers), 16 vector stores."""
-    signature = types.void(dst, di, dstride, src, si, sstride)
-
-    def codegen(context, builder, sig, args):
-        d, d0, dstep, s_, s0, sstep = args
-        rows = [
-            builder.load(
-                _vector_at(
-                    context,
-                    builder,
-                    sig.args[3],
-                    s_,
-                    builder.add(s0, builder.mul(sstep, ir.Constant(_INDEX, r))),
-                ),
-                align=4,
-            )
-            for r in range(16)
-        ]
-        for k in range(4):
-            bit = 1 << k
-            low = ir.Constant(_MASK, [c if not c & bit else 16 + (c ^ bit) for c in range(16)])
-            high = ir.Constant(_MASK, [16 + c if c & bit else c ^ bit for c in range(16)])
-            swapped = list(rows)
-            for r in range(16):
-                if not r & bit:
-                    a, b = rows[r], rows[r | bit]
-                    swapped[r] = builder.shuffle_vector(a, b, low)
-                    swapped[r | bit] = builder.shuffle_vector(a, b, high)
-            rows = swapped
-        for r in range(16):
-            at = builder.add(d0, builder.mul(dstep, ir.Constant(_INDEX, r)))
-            builder.store(rows[r], _vector_at(context, builder, sig.args[0], d, at), align=4)
-        return context.get_dummy_value()
-
-    return signature, codegen
-
-
-@intrinsic
-def _stack(typingctx, size):  # pragma: no cover - numba typing
-    """``size`` (a constant) float32 on the stack: accumulators that no array can alias, so
-    LLVM keeps them in registers (an array would be stored back after every multiply-add)."""
-    if not isinstance(size, types.IntegerLiteral):
-        return None
-    count = size.literal_value
-
-    def codegen(context, builder, sig, args):
-        slot = cgutils.alloca_once(builder, ir.ArrayType(_FLOAT, count))
-        return builder.bitcast(slot, _FLOAT.as_pointer())
-
-    return types.CPointer(types.float32)(size), codegen
+@functools.cache
+def _kernels(level: str) -> SimpleNamespace:
+    chosen = isa.LEVELS[level]
+    constants = {"LEVEL": chosen.name, "LANES": chosen.lanes, "STACK": 8 * chosen.lanes}
+    constants.update(operations(chosen.lanes, chosen.fma))
+    return isa.specialize(globals(), chosen.name, constants)
 
 
 @inline
@@ -579,17 +479,17 @@ def _aligned(size):  # pragma: no cover - numba
     return buf[skip : skip + size]
 
 
-@njit
+@isa.tiled()
 def depthwise_blocks(
     x, weights, bias, offsets, z, out, geometry, lo, hi, first, stop
 ):  # pragma: no cover - compiled by numba
-    """Items ``first..stop`` (over images x blocks of 16 channels) of a depthwise 2-D
+    """Items ``first..stop`` (over images x blocks of LANES channels) of a depthwise 2-D
     convolution, one filter per channel.
 
     ``x``: (images x channels, height, width); ``out`` and ``z``: (images x channels,
     out height, out width), ``z`` of size 0 for no residual; ``weights``: (blocks, taps x
-    16), tap-major; ``bias``: (blocks, 64), each block's 16 biases four times (zeros for
-    none); ``offsets``: each tap's offset in the padded channels-last buffer; ``geometry``:
+    LANES), tap-major; ``bias``: (blocks, 4 x LANES), each block's biases four times (zeros
+    for none); ``offsets``: each tap's offset in the padded channels-last buffer; ``geometry``:
     channels, height, width, out height, out width, top and left pads, strides, padded
     width and height, clamp (0/1).
     """
@@ -607,7 +507,7 @@ def depthwise_blocks(
         geometry[10],
         geometry[11],
     )
-    blocks = -(-channels // 16)
+    blocks = -(-channels // LANES)
     taps = offsets.shape[0]
     lo, hi = np.float32(lo), np.float32(hi)  # a float32 clamp (module docstring)
     xs = x.reshape(-1)
@@ -616,102 +516,102 @@ def depthwise_blocks(
     has_z = z.size > 0
     pixels = height * width
     outputs = ho * wo
-    padded = _aligned(hp * wp * 16 + 64)  # the border stays zero
-    interleaved = np.zeros(pixels * 16 + 16, np.float32)  # unused lanes stay finite
-    result = _aligned(outputs * 16 + 64)
-    step = sw * 16
-    acc = numba.carray(_stack(128), (128,))
+    padded = _aligned(hp * wp * LANES + 64)  # the border stays zero
+    interleaved = np.zeros(pixels * LANES + LANES, np.float32)  # unused lanes stay finite
+    result = _aligned(outputs * LANES + 64)
+    step = sw * LANES
+    acc = numba.carray(_stack(STACK), (STACK,))
     for item in range(first, stop):
         image, block = item // blocks, item % blocks
-        c0 = block * 16
-        lanes = min(16, channels - c0)
+        c0 = block * LANES
+        lanes = min(LANES, channels - c0)
         w = weights[block]
         b = bias[block]
         source = (image * channels + c0) * pixels
-        # the block's channels to channels-last, 16 pixels per register transpose: straight
+        # the block's channels to channels-last, LANES pixels per register transpose: straight
         # into the padded rows when they are that wide, else through the whole plane
-        # (the last 16 of a row or plane overlap the chunk before: no scalar tail)
-        if lanes == 16 and width >= 16:
+        # (the last LANES of a row or plane overlap the chunk before: no scalar tail)
+        if lanes == LANES and width >= LANES:
             for r in range(height):
-                at = ((r + pt) * wp + pl) * 16
+                at = ((r + pt) * wp + pl) * LANES
                 src = source + r * width
-                for j0 in range(0, width, 16):
-                    j0 = min(j0, width - 16)
-                    _transpose16(padded, at + j0 * 16, 16, xs, src + j0, pixels)
+                for j0 in range(0, width, LANES):
+                    j0 = min(j0, width - LANES)
+                    _transpose(padded, at + j0 * LANES, LANES, xs, src + j0, pixels)
         else:
-            if lanes == 16 and pixels >= 16:
-                for p0 in range(0, pixels, 16):
-                    p0 = min(p0, pixels - 16)
-                    _transpose16(interleaved, p0 * 16, 16, xs, source + p0, pixels)
+            if lanes == LANES and pixels >= LANES:
+                for p0 in range(0, pixels, LANES):
+                    p0 = min(p0, pixels - LANES)
+                    _transpose(interleaved, p0 * LANES, LANES, xs, source + p0, pixels)
             else:
                 for p in range(pixels):
                     for lane in range(lanes):
-                        interleaved[p * 16 + lane] = xs[source + lane * pixels + p]
+                        interleaved[p * LANES + lane] = xs[source + lane * pixels + p]
             for r in range(height):
-                at = np.uint64(((r + pt) * wp + pl) * 16)
-                src = np.uint64(r * width * 16)
-                for i in range(np.uint64(width * 16)):
+                at = np.uint64(((r + pt) * wp + pl) * LANES)
+                src = np.uint64(r * width * LANES)
+                for i in range(np.uint64(width * LANES)):
                     padded[at + i] = interleaved[src + i]
         # eight output pixels at a time (then four, then one), their accumulators in registers
         for oy in range(ho):
-            row = oy * sh * wp * 16
+            row = oy * sh * wp * LANES
             ox = 0
             while ox + 8 <= wo:
                 base = row + ox * step
-                for k in range(0, 128, 64):
-                    _copy16(acc, k, b, 0)
-                    _copy16(acc, k + 16, b, 16)
-                    _copy16(acc, k + 32, b, 32)
-                    _copy16(acc, k + 48, b, 48)
+                for k in range(0, 8 * LANES, 4 * LANES):
+                    _copy(acc, k, b, 0)
+                    _copy(acc, k + 1 * LANES, b, 1 * LANES)
+                    _copy(acc, k + 2 * LANES, b, 2 * LANES)
+                    _copy(acc, k + 3 * LANES, b, 3 * LANES)
                 for t in range(taps):
                     at = base + offsets[t]
-                    _fma16(acc, 0, padded, at, w, t * 16)
-                    _fma16(acc, 16, padded, at + step, w, t * 16)
-                    _fma16(acc, 32, padded, at + 2 * step, w, t * 16)
-                    _fma16(acc, 48, padded, at + 3 * step, w, t * 16)
-                    _fma16(acc, 64, padded, at + 4 * step, w, t * 16)
-                    _fma16(acc, 80, padded, at + 5 * step, w, t * 16)
-                    _fma16(acc, 96, padded, at + 6 * step, w, t * 16)
-                    _fma16(acc, 112, padded, at + 7 * step, w, t * 16)
-                done = (oy * wo + ox) * 16
-                for k in range(0, 128, 16):
-                    _copy16(result, done + k, acc, k)
+                    _fma(acc, 0, padded, at, w, t * LANES)
+                    _fma(acc, 1 * LANES, padded, at + step, w, t * LANES)
+                    _fma(acc, 2 * LANES, padded, at + 2 * step, w, t * LANES)
+                    _fma(acc, 3 * LANES, padded, at + 3 * step, w, t * LANES)
+                    _fma(acc, 4 * LANES, padded, at + 4 * step, w, t * LANES)
+                    _fma(acc, 5 * LANES, padded, at + 5 * step, w, t * LANES)
+                    _fma(acc, 6 * LANES, padded, at + 6 * step, w, t * LANES)
+                    _fma(acc, 7 * LANES, padded, at + 7 * step, w, t * LANES)
+                done = (oy * wo + ox) * LANES
+                for k in range(0, 8 * LANES, LANES):
+                    _copy(result, done + k, acc, k)
                 ox += 8
             while ox + 4 <= wo:
                 base = row + ox * step
-                _copy16(acc, 0, b, 0)
-                _copy16(acc, 16, b, 16)
-                _copy16(acc, 32, b, 32)
-                _copy16(acc, 48, b, 48)
+                _copy(acc, 0, b, 0)
+                _copy(acc, 1 * LANES, b, 1 * LANES)
+                _copy(acc, 2 * LANES, b, 2 * LANES)
+                _copy(acc, 3 * LANES, b, 3 * LANES)
                 for t in range(taps):
                     at = base + offsets[t]
-                    _fma16(acc, 0, padded, at, w, t * 16)
-                    _fma16(acc, 16, padded, at + step, w, t * 16)
-                    _fma16(acc, 32, padded, at + 2 * step, w, t * 16)
-                    _fma16(acc, 48, padded, at + 3 * step, w, t * 16)
-                done = (oy * wo + ox) * 16
-                _copy16(result, done, acc, 0)
-                _copy16(result, done + 16, acc, 16)
-                _copy16(result, done + 32, acc, 32)
-                _copy16(result, done + 48, acc, 48)
+                    _fma(acc, 0, padded, at, w, t * LANES)
+                    _fma(acc, 1 * LANES, padded, at + step, w, t * LANES)
+                    _fma(acc, 2 * LANES, padded, at + 2 * step, w, t * LANES)
+                    _fma(acc, 3 * LANES, padded, at + 3 * step, w, t * LANES)
+                done = (oy * wo + ox) * LANES
+                _copy(result, done, acc, 0)
+                _copy(result, done + 1 * LANES, acc, LANES)
+                _copy(result, done + 2 * LANES, acc, 2 * LANES)
+                _copy(result, done + 3 * LANES, acc, 3 * LANES)
                 ox += 4
             while ox < wo:
                 base = row + ox * step
-                _copy16(acc, 0, b, 0)
+                _copy(acc, 0, b, 0)
                 for t in range(taps):
-                    _fma16(acc, 0, padded, base + offsets[t], w, t * 16)
-                _copy16(result, (oy * wo + ox) * 16, acc, 0)
+                    _fma(acc, 0, padded, base + offsets[t], w, t * LANES)
+                _copy(result, (oy * wo + ox) * LANES, acc, 0)
                 ox += 1
         # back to one plane per channel, then the residual and the clamp
         target = (image * channels + c0) * outputs
-        if lanes == 16 and outputs >= 16:
-            for p0 in range(0, outputs, 16):
-                p0 = min(p0, outputs - 16)
-                _transpose16(ys, target + p0, outputs, result, p0 * 16, 16)
+        if lanes == LANES and outputs >= LANES:
+            for p0 in range(0, outputs, LANES):
+                p0 = min(p0, outputs - LANES)
+                _transpose(ys, target + p0, outputs, result, p0 * LANES, LANES)
         else:
             for lane in range(lanes):
                 for p in range(outputs):
-                    ys[target + lane * outputs + p] = result[p * 16 + lane]
+                    ys[target + lane * outputs + p] = result[p * LANES + lane]
         first_value, stop_value = np.uint64(target), np.uint64(target + lanes * outputs)
         if has_z:
             for i in range(first_value, stop_value):
@@ -723,47 +623,47 @@ def depthwise_blocks(
                 ys[i] = hi if v > hi else v
 
 
-@inline
+@isa.tiled(inline="always")
 def _row_in(ring, at, xs, src, width, lanes, pixels):  # pragma: no cover - numba
     """Input row ``xs[src:src + width]`` of ``lanes`` channels (planes ``pixels`` apart) to
-    channels-last at ``ring[at:]``, 16 pixels per register transpose where it can (the last
-    16 of a row overlap the chunk before: no scalar tail)."""
-    if lanes == 16 and width >= 16:
-        for j0 in range(0, width, 16):
-            j0 = min(j0, width - 16)
-            _transpose16(ring, at + j0 * 16, 16, xs, src + j0, pixels)
+    channels-last at ``ring[at:]``, LANES pixels per register transpose where it can (the
+    last LANES of a row overlap the chunk before: no scalar tail)."""
+    if lanes == LANES and width >= LANES:
+        for j0 in range(0, width, LANES):
+            j0 = min(j0, width - LANES)
+            _transpose(ring, at + j0 * LANES, LANES, xs, src + j0, pixels)
     else:
         for lane in range(lanes):
             for j in range(width):
-                ring[at + j * 16 + lane] = xs[src + lane * pixels + j]
+                ring[at + j * LANES + lane] = xs[src + lane * pixels + j]
 
 
-@inline
+@isa.tiled(inline="always")
 def _row_out(ys, dst, row, wo, lanes, outputs):  # pragma: no cover - numba
     """One channels-last output row ``row`` back to ``lanes`` planes at ``ys[dst:]``."""
-    if lanes == 16 and wo >= 16:
-        for p0 in range(0, wo, 16):
-            p0 = min(p0, wo - 16)
-            _transpose16(ys, dst + p0, outputs, row, p0 * 16, 16)
+    if lanes == LANES and wo >= LANES:
+        for p0 in range(0, wo, LANES):
+            p0 = min(p0, wo - LANES)
+            _transpose(ys, dst + p0, outputs, row, p0 * LANES, LANES)
     else:
         for lane in range(lanes):
             for p in range(wo):
-                ys[dst + lane * outputs + p] = row[p * 16 + lane]
+                ys[dst + lane * outputs + p] = row[p * LANES + lane]
 
 
-@njit
+@isa.tiled()
 def depthwise_rows(
     x, weights, bias, columns, rows, z, out, geometry, lo, hi, first, stop
 ):  # pragma: no cover - compiled by numba
-    """:func:`depthwise_blocks` a row at a time, for maps too large for a whole plane of 16
+    """:func:`depthwise_blocks` a row at a time, for maps too large for a whole plane of LANES
     channels in channels-last to stay in cache (a 112x112 one is 800 KB).
 
     Only the input rows the current output row reads are held in channels-last, in a ring
     of ``span`` padded rows (``(kh - 1) x dh + 1``: each input row is moved once), and each
     output row goes back to its planes, with the residual and the clamp, as soon as it is
-    computed: all of it stays in L1. Items run over images x blocks of 16 channels x
+    computed: all of it stays in L1. Items run over images x blocks of LANES channels x
     ``parts`` bands of output rows (bands balance the pool where blocks are few).
-    ``columns``/``rows``: each tap's column offset (x 16) and padded row offset;
+    ``columns``/``rows``: each tap's column offset (x LANES) and padded row offset;
     ``geometry``: channels, height, width, out height, out width, top and left pads,
     strides, padded width, span, clamp (0/1), parts.
     """
@@ -782,7 +682,7 @@ def depthwise_rows(
         geometry[11],
         geometry[12],
     )
-    blocks = -(-channels // 16)
+    blocks = -(-channels // LANES)
     taps = columns.shape[0]
     lo, hi = np.float32(lo), np.float32(hi)  # a float32 clamp (module docstring)
     xs = x.reshape(-1)
@@ -791,21 +691,21 @@ def depthwise_rows(
     has_z = z.size > 0
     pixels = height * width
     outputs = ho * wo
-    slot = wp * 16
+    slot = wp * LANES
     ring = _aligned(span * slot + 64)  # the border columns stay zero
-    row = _aligned(wo * 16 + 64)
-    zrow = _aligned(wo * 16 + 64)
+    row = _aligned(wo * LANES + 64)
+    zrow = _aligned(wo * LANES + 64)
     at = np.empty(taps, np.int64)
-    step = sw * 16
-    acc = numba.carray(_stack(128), (128,))
-    count = np.uint64(wo * 16)
+    step = sw * LANES
+    acc = numba.carray(_stack(STACK), (STACK,))
+    count = np.uint64(wo * LANES)
     early = clamp and not has_z  # clamped in registers (else after the residual)
     for item in range(first, stop):
         image, rest = item // (blocks * parts), item % (blocks * parts)
         block, part = rest // parts, rest % parts
         oy0, oy1 = part * ho // parts, (part + 1) * ho // parts
-        c0 = block * 16
-        lanes = min(16, channels - c0)
+        c0 = block * LANES
+        lanes = min(LANES, channels - c0)
         w = weights[block]
         b = bias[block]
         source = (image * channels + c0) * pixels
@@ -816,7 +716,7 @@ def depthwise_rows(
                 base = (filled % span) * slot
                 r = filled - pt
                 if 0 <= r < height:
-                    _row_in(ring, base + pl * 16, xs, source + r * width, width, lanes, pixels)
+                    _row_in(ring, base + pl * LANES, xs, source + r * width, width, lanes, pixels)
                 else:
                     for i in range(np.uint64(base), np.uint64(base + slot)):
                         ring[i] = 0.0
@@ -829,63 +729,63 @@ def depthwise_rows(
             ox = 0
             while ox + 8 <= wo:
                 base = ox * step
-                for k in range(0, 128, 64):
-                    _copy16(acc, k, b, 0)
-                    _copy16(acc, k + 16, b, 16)
-                    _copy16(acc, k + 32, b, 32)
-                    _copy16(acc, k + 48, b, 48)
+                for k in range(0, 8 * LANES, 4 * LANES):
+                    _copy(acc, k, b, 0)
+                    _copy(acc, k + 1 * LANES, b, 1 * LANES)
+                    _copy(acc, k + 2 * LANES, b, 2 * LANES)
+                    _copy(acc, k + 3 * LANES, b, 3 * LANES)
                 for t in range(taps):
                     a = base + at[t]
-                    _fma16(acc, 0, ring, a, w, t * 16)
-                    _fma16(acc, 16, ring, a + step, w, t * 16)
-                    _fma16(acc, 32, ring, a + 2 * step, w, t * 16)
-                    _fma16(acc, 48, ring, a + 3 * step, w, t * 16)
-                    _fma16(acc, 64, ring, a + 4 * step, w, t * 16)
-                    _fma16(acc, 80, ring, a + 5 * step, w, t * 16)
-                    _fma16(acc, 96, ring, a + 6 * step, w, t * 16)
-                    _fma16(acc, 112, ring, a + 7 * step, w, t * 16)
-                for k in range(0, 128, 16):
+                    _fma(acc, 0, ring, a, w, t * LANES)
+                    _fma(acc, 1 * LANES, ring, a + step, w, t * LANES)
+                    _fma(acc, 2 * LANES, ring, a + 2 * step, w, t * LANES)
+                    _fma(acc, 3 * LANES, ring, a + 3 * step, w, t * LANES)
+                    _fma(acc, 4 * LANES, ring, a + 4 * step, w, t * LANES)
+                    _fma(acc, 5 * LANES, ring, a + 5 * step, w, t * LANES)
+                    _fma(acc, 6 * LANES, ring, a + 6 * step, w, t * LANES)
+                    _fma(acc, 7 * LANES, ring, a + 7 * step, w, t * LANES)
+                for k in range(0, 8 * LANES, LANES):
                     if early:
-                        _clamp16(acc, k, lo, hi)
-                    _copy16(row, ox * 16 + k, acc, k)
+                        _clamp(acc, k, lo, hi)
+                    _copy(row, ox * LANES + k, acc, k)
                 ox += 8
             while ox + 4 <= wo:
                 base = ox * step
-                _copy16(acc, 0, b, 0)
-                _copy16(acc, 16, b, 16)
-                _copy16(acc, 32, b, 32)
-                _copy16(acc, 48, b, 48)
+                _copy(acc, 0, b, 0)
+                _copy(acc, 1 * LANES, b, 1 * LANES)
+                _copy(acc, 2 * LANES, b, 2 * LANES)
+                _copy(acc, 3 * LANES, b, 3 * LANES)
                 for t in range(taps):
                     a = base + at[t]
-                    _fma16(acc, 0, ring, a, w, t * 16)
-                    _fma16(acc, 16, ring, a + step, w, t * 16)
-                    _fma16(acc, 32, ring, a + 2 * step, w, t * 16)
-                    _fma16(acc, 48, ring, a + 3 * step, w, t * 16)
-                for k in range(0, 64, 16):
+                    _fma(acc, 0, ring, a, w, t * LANES)
+                    _fma(acc, 1 * LANES, ring, a + step, w, t * LANES)
+                    _fma(acc, 2 * LANES, ring, a + 2 * step, w, t * LANES)
+                    _fma(acc, 3 * LANES, ring, a + 3 * step, w, t * LANES)
+                for k in range(0, 4 * LANES, LANES):
                     if early:
-                        _clamp16(acc, k, lo, hi)
-                    _copy16(row, ox * 16 + k, acc, k)
+                        _clamp(acc, k, lo, hi)
+                    _copy(row, ox * LANES + k, acc, k)
                 ox += 4
             while ox < wo:
                 base = ox * step
-                _copy16(acc, 0, b, 0)
+                _copy(acc, 0, b, 0)
                 for t in range(taps):
-                    _fma16(acc, 0, ring, base + at[t], w, t * 16)
+                    _fma(acc, 0, ring, base + at[t], w, t * LANES)
                 if early:
-                    _clamp16(acc, 0, lo, hi)
-                _copy16(row, ox * 16, acc, 0)
+                    _clamp(acc, 0, lo, hi)
+                _copy(row, ox * LANES, acc, 0)
                 ox += 1
             # the residual (moved to channels-last too) and the clamp, then out to the planes
             dst = target + oy * wo
             if has_z:
-                if lanes == 16 and wo >= 16:
-                    for p0 in range(0, wo, 16):
-                        p0 = min(p0, wo - 16)
-                        _transpose16(zrow, p0 * 16, 16, zs, dst + p0, outputs)
+                if lanes == LANES and wo >= LANES:
+                    for p0 in range(0, wo, LANES):
+                        p0 = min(p0, wo - LANES)
+                        _transpose(zrow, p0 * LANES, LANES, zs, dst + p0, outputs)
                 else:
                     for lane in range(lanes):
                         for p in range(wo):
-                            zrow[p * 16 + lane] = zs[dst + lane * outputs + p]
+                            zrow[p * LANES + lane] = zs[dst + lane * outputs + p]
                 for i in range(count):
                     row[i] += zrow[i]
             if clamp and has_z:
@@ -909,7 +809,7 @@ def direct_conv_team(
         direct_conv(x, weights, starts, bias, z, out, geometry, lo, hi, bounds[p], bounds[p + 1])
 
 
-@njit(parallel=True)
+@isa.tiled(parallel=True)
 def depthwise_blocks_team(
     x, weights, bias, offsets, z, out, geometry, lo, hi, bounds
 ):  # pragma: no cover - compiled by numba
@@ -920,7 +820,7 @@ def depthwise_blocks_team(
         )
 
 
-@njit(parallel=True)
+@isa.tiled(parallel=True)
 def depthwise_rows_team(
     x, weights, bias, columns, rows, z, out, geometry, lo, hi, bounds
 ):  # pragma: no cover - compiled by numba

@@ -73,7 +73,7 @@ CODES = {
 #: Parameter defaults (ONNX's): Clip min, max; LeakyRelu alpha; HardSigmoid alpha, beta;
 #: Swish alpha.
 _DEFAULTS = {
-    CLIP: (-math.inf, math.inf),
+    CLIP: (-float(np.finfo(np.float32).max), float(np.finfo(np.float32).max)),
     LEAKY_RELU: (0.01,),
     SWISH: (1.0,),
     HARD_SIGMOID: (0.2, 0.5),
@@ -360,8 +360,8 @@ class Activation:
         self.kind = CODES[name]
         values = [float(p) for p in params]
         values += _DEFAULTS.get(self.kind, ())[len(values) :]
-        if self.kind == CLIP:  # unbounded sides clip to the finite range, as Clip does
-            values = [max(values[0], -_FLOAT32_MAX), min(values[1], _FLOAT32_MAX)]
+        # Clip's bounds stay as given: a missing one is float32's lowest or max (the
+        # default, which clips infinities), an infinite one clips nothing, a NaN one too
         if self.kind == HARD_SWISH:  # HardSigmoid's alpha and beta inside HardSwish
             values = [1 / 6, 0.5]
         values += [0.0, 0.0]
@@ -381,8 +381,7 @@ class Activation:
         Clip's min and max (Clip's inputs, known at run time)."""
         a, b = self.a, self.b
         if bounds is not None:
-            a = np.float32(max(bounds[0], -_FLOAT32_MAX))
-            b = np.float32(min(bounds[1], _FLOAT32_MAX))
+            a, b = np.float32(bounds[0]), np.float32(bounds[1])
         y = np.empty_like(x)
         src, dst = x.reshape(-1), y.reshape(-1)
         n = src.size

@@ -17,6 +17,7 @@ from nxrt_ep_cpu.ops import (  # noqa: F401  (imported for their registrations)
     loss,
     math,
     ml,
+    ml_contrib,
     ml_features,
     ml_linear,
     ml_maps,

@@ -11,15 +11,17 @@ the others take the first of :data:`VARIANTS` that suits them:
 
 * :class:`Pointwise`: a 1x1 kernel without padding; in float32 with one
   group, register tiles on weights packed once (``jit/pointwise.py``: the
-  bias, residual and activation applied as each tile is written); otherwise
+  bias, residual and activation applied as each tile is written; tiles
+  sized per instruction-set level, ``jit/isa.py``); otherwise
   one GEMM per image on the input as it is (strided pixels gathered first),
   several small maps in one GEMM's columns, or numpy's batched matmul for few
   channels;
 * :class:`Patches` (float32): kernel and stride equal, no padding (patch
   embeddings): the input rearranged as columns, then :class:`Pointwise`'s tiles;
 * :class:`Blocked` (float32): one filter per channel on maps up to
-  ``_BLOCKED_WIDTH`` wide, 16 channels at a time in channels-last, each
-  output pixel's 16 channels one vector register (``jit/conv.py``); from
+  ``_BLOCKED_WIDTH`` wide, a vector of channels at a time in channels-last
+  (16 on AVX-512, 8 on AVX2), each output pixel's channels one vector
+  register (``jit/conv.py``); from
   ``_ROWS_PIXELS`` input pixels on, a row at a time;
 * :class:`Direct` (float32): few channels per group (depthwise on larger
   maps, grouped convolutions, stems), convolved directly in numba a band of
@@ -69,6 +71,7 @@ import numpy as np
 from nxrt.errors import KernelFailed, NxrtError
 from nxrt.kernel import attribute_values
 from nxrt.memory import Workspace
+from nxrt_ep_cpu.compiling import compiled_kernel
 from nxrt_ep_cpu.kernels import NumpyKernel, compiled, pool_team, run_team
 from nxrt_ep_cpu.ops._blas import GEMM
 from nxrt_ep_cpu.ops._conv_reference import conv_windows, convolve
@@ -79,6 +82,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.host_parallel import HostParallel
+    from nxrt.kernel import Kernel
     from nxrt.provider import ExecutionProvider
 
 #: dtypes the GEMM variants handle; the others take the reference path.
@@ -97,18 +101,19 @@ _BAND_VALUES = 1 << 20
 #: GEMM columns (output pixels) a band has at least.
 _BAND_COLUMNS = 512
 #: Pixels from which a float32 pointwise convolution can put pixels in the vector lanes (a
-#: tile is 16 or 32 pixels wide; smaller maps of one image, such as squeeze-and-excitation's
-#: 1x1, put filters there; of several, they go to one GEMM, which reads the weights once).
+#: tile is one or two vectors wide: 16 or 32 pixels on AVX-512; smaller maps of one image,
+#: such as squeeze-and-excitation's 1x1, put filters there; of several, they go to one
+#: GEMM, which reads the weights once).
 _TILE_PIXELS = 16
+#: Filters per group from which a grouped float32 1x1 convolution runs the register tiles
+#: (each group as an image of its own; ShuffleNet's groups have 28-136): a tile's rows are
+#: filters of one group, so fewer leave most of a tile idle.
+_TILE_GROUP_FILTERS = 8
 #: Input values of one pixel chunk of the register-tiled kernel (32 KB: it stays in L1
 #: while every filter block reads it), and the pixels a chunk has at least (its last
-#: tile recomputes up to 16 pixels of the one before).
+#: tile recomputes up to a vector of pixels of the one before).
 _TILE_CHUNK = 8192
 _TILE_MIN_CHUNK = 256
-#: Share of extra pixels computed from which the 1x1 kernel puts filters in the lanes.
-_LANE_WASTE = 1.15
-#: Multiply-adds per nanosecond of the register-tiled kernel on one core (measured).
-_TILE_RATE = 40
 #: Channels per group from which a pointwise convolution of several small images moves
 #: them into one GEMM's columns (below, numpy's batched matmul is faster; measured).
 _POINTWISE_COLUMNS_CHANNELS = 64
@@ -122,9 +127,19 @@ _DIRECT_MACS = 1 << 21
 
 #: (channels per group, least share of its computed values kept) under which the direct
 #: kernel beats a GEMM (measured on one core: 1.5-5x up to 16 channels per group,
-#: 1.1-1.4x at 32-64 on large maps; small maps, whose padded rows it computes too, go to
-#: the GEMMs).
-_DIRECT_CHANNELS = ((16, 0.7), (32, 0.85), (64, 0.9))
+#: 1.1-1.5x at 32 on large maps; small maps, whose padded rows it computes too, go to
+#: the GEMMs). From 33 channels the GEMMs win, on the AVX-512 and the AVX2 target alike
+#: (CPU time on one core: 1.35-1.45x on ResNet-50's 64-channel 3x3 at 56x56, 1.15-1.25x
+#: at 28x28).
+_DIRECT_CHANNELS = ((16, 0.7), (32, 0.85))
+#: Where :class:`Unfolded` runs: from this many channels (fewer: the direct kernel), up to
+#: this many rows of columns and values of one image's columns (1 MB: they stay in cache
+#: while every filter block reads them). Measured on one core, CPU time, both targets:
+#: 0.45-0.9x the GEMM variants' time on DenseNet's, SqueezeNet's and Inception's 7x7 to
+#: 27x27 maps, 1.6-1.9x on columns of 2-4 MB (28x28 by 128 channels, 14x14 by 256).
+_UNFOLD_CHANNELS = 16
+_UNFOLD_DEPTH = 2048
+_UNFOLD_VALUES = 1 << 18
 #: Accumulator values of the direct kernel's band of output rows (in L1 with its inputs).
 _DIRECT_BAND = 2048
 #: Nanoseconds of one core's work from which the numba variants split it across the
@@ -180,9 +195,13 @@ class ConvKernel(NumpyKernel):
         activation: str | bytes = "",
         activation_params: Sequence[float] = (),
         shapes: tuple[tuple[int, ...], tuple[int, ...], np.dtype] | None = None,
+        compiled: bool = True,
     ) -> None:
         self.attrs = attrs
-        self.act = inplace_activation(activation, activation_params, parallel)
+        #: Whether the variants compiled by numba may run (``False``: the numpy tier, GEMMs
+        #: and numpy copies only, while :func:`create`'s compiled kernel is being built).
+        self.compiled = compiled
+        self.act = inplace_activation(activation, activation_params, parallel, compiled=compiled)
         name = activation.decode() if isinstance(activation, bytes) else activation
         self.relu = name == "Relu"
         self.clamp = _clamp(name, activation_params)
@@ -191,7 +210,7 @@ class ConvKernel(NumpyKernel):
         self.parallel = parallel
         self.workspace = workspace if workspace is not None else Workspace()
         #: Threads of the EP's own pool the GEMMs and loops split over (1: BLAS's threads).
-        self.team = pool_team(parallel)
+        self.team = pool_team(parallel) if compiled else 1
         self._plans: dict[tuple[Any, ...], Reference | GemmPlan] = {}
         if shapes is not None:
             try:
@@ -200,19 +219,26 @@ class ConvKernel(NumpyKernel):
                 pass  # the same error is raised, with the node's name, when it runs
 
     @classmethod
-    def create(cls, ep: ExecutionProvider, node: ir.Node) -> ConvKernel:
-        """The kernel of one node: attributes bound, variant chosen from inferred shapes."""
+    def create(cls, ep: ExecutionProvider, node: ir.Node) -> Kernel:
+        """The kernel of one node: attributes bound, variant chosen from inferred shapes;
+        the numba variants built through :func:`~nxrt_ep_cpu.compiling.compiled_kernel`
+        (the numpy tier, GEMM variants only, runs until then)."""
         attrs = attribute_values(node)
         activation = attrs.pop("activation", "")
         params = attrs.pop("activation_params", ())
-        return cls(
-            attrs,
-            parallel=ep.parallel,
-            workspace=ep.workspace,
-            activation=activation,
-            activation_params=params,
-            shapes=_static_shapes(node),
-        )
+
+        def build(jit: bool) -> ConvKernel:
+            return cls(
+                attrs,
+                parallel=ep.parallel,
+                workspace=ep.workspace,
+                activation=activation,
+                activation_params=params,
+                shapes=_static_shapes(node),
+                compiled=jit,
+            )
+
+        return compiled_kernel(ep, node, lambda: build(True), lambda: build(False))
 
     @property
     def direct_call(self) -> Callable[..., np.ndarray]:
@@ -295,6 +321,8 @@ def choose(
         return Reference(win, group, kernel.act, reason)
     shape = ConvShape.of(x_shape, w_shape, dtype, win, group)
     for variant in VARIANTS:
+        if variant.compiled_only and not kernel.compiled:
+            continue
         reason = variant.suits(shape)
         if reason:
             return variant(shape, reason, kernel)
@@ -409,6 +437,8 @@ class GemmPlan:
     padded: ClassVar[bool] = True
     #: Whether the variant's work is split across the session's pool (else BLAS threads).
     splits: ClassVar[bool] = False
+    #: Whether the variant runs numba's loops only (never in the numpy tier).
+    compiled_only: ClassVar[bool] = False
 
     @classmethod
     def suits(cls, shape: ConvShape) -> str:
@@ -555,11 +585,20 @@ class Pointwise(GemmPlan):
             n == 1 and self.group == 1 and not self.one_d and all(s == 1 for s in self.strides)
         )
         self.batch = ""
-        #: float32 with one group: register tiles on weights packed once (``jit/pointwise.py``).
+        #: float32, one group or groups of at least ``_TILE_GROUP_FILTERS`` filters: register
+        #: tiles on weights packed once (``jit/pointwise.py``).
         self.tiles = None
-        if shape.dtype == np.float32 and self.group == 1 and (n == 1 or pixels >= _TILE_PIXELS):
+        #: Whether the product of several small maps moves out in numba (float32).
+        self.jit_columns = kernel.compiled and shape.dtype == np.float32
+        if (
+            kernel.compiled
+            and shape.dtype == np.float32
+            and (self.group == 1 or self.mg >= _TILE_GROUP_FILTERS)
+            and (n == 1 or pixels >= _TILE_PIXELS)
+        ):
+            g = self.group
             self.tiles = _Tiles(
-                n, self.cg, self.m, pixels, self.team, kernel.clamp, kernel.activation
+                n * g, self.cg, self.mg, pixels, self.team, kernel.clamp, kernel.activation, g
             )
             #: Strided pixels (a view to gather) or a 1-D input; the output's shape as returned.
             self.strided = any(st > 1 for st in self.strides)
@@ -567,9 +606,11 @@ class Pointwise(GemmPlan):
                 self.out_shape[:2] + self.out_shape[3:] if self.one_d else self.out_shape
             )
             self.variant = "pointwise-tiled"
+            kernels = self.tiles.kernels
             self.reason = (
-                "1x1 kernel without padding, float32: eight filters by 32 pixels in registers "
-                "per step, weights packed once, bias, residual and Relu/Clip as it writes"
+                f"1x1 kernel without padding, float32: {kernels.ROWS} filters by "
+                f"{kernels.WIDTH} pixels in registers per step ({kernels.LEVEL}), weights "
+                "packed once, bias, residual and Relu/Clip as it writes"
             )
             return
         # small maps of several images: one GEMM over all their pixels (the input moved to
@@ -583,7 +624,7 @@ class Pointwise(GemmPlan):
                 if self.batch == "columns"
                 else "numpy's batched matmul over the images"
             )
-        if self.batch == "columns" and shape.dtype == np.float32:
+        if self.batch == "columns" and self.jit_columns:
             _warm_columns(self.m, pixels)
 
     def _extent(self, ho: int, wo: int) -> int:
@@ -612,8 +653,8 @@ class Pointwise(GemmPlan):
     def run_scaled(self, x, w, b, z, s) -> np.ndarray:
         """``conv(x * s, w)`` for FusedConv's per-input-channel scale ``s`` (float32 tiles):
         the smaller operand scaled, for one image the packed weights along their channels
-        (weights packed once stay packed); for several images, the input."""
-        if self.x_shape[0] > 1 or x.size <= self.m * self.cg:
+        (weights packed once stay packed); for several images or groups, the input."""
+        if self.x_shape[0] > 1 or self.group > 1 or x.size <= self.m * self.cg:
             return self._run_tiled(np.multiply(x, s.astype(x.dtype, copy=False)), w, b, z)
         return self._run_tiled(x, w, b, z, s.reshape(-1).astype(np.float32, copy=False))
 
@@ -701,7 +742,7 @@ class Pointwise(GemmPlan):
             product = np.empty((g, mg, n * pixels), self.dtype)
             _gemm(wp, cols.reshape(g, cg, n * pixels), product, 0.0, self.team, self.active_team())
             moved = product.reshape(m, n, pixels)
-            if self.dtype == np.float32:
+            if self.jit_columns:
                 from nxrt_ep_cpu.jit.conv import columns_to_images
 
                 clamp = self.clamp if act is not None else None
@@ -732,6 +773,7 @@ class Patches(GemmPlan):
 
     variant = "patches"
     padded = False
+    compiled_only = True
 
     @classmethod
     def suits(cls, shape: ConvShape) -> str:
@@ -799,7 +841,12 @@ class _Tiles:
     blocks to share) where tiles of 32 pixels would compute a sixth more than
     the map has (7x7: 64 for 49) and blocks of 16 filters waste less, and for
     maps under 16 pixels. Either way the items are split over the pool in equal
-    runs.
+    runs. (Block and pixel counts here are AVX-512's; ``jit/isa.py`` has each level's.)
+
+    A grouped convolution is ``n`` images of ``groups`` groups each as ``n x groups``
+    images of ``k`` channels and ``m`` filters, each group's weights and biases blocks of
+    their own (an item's fifth column): one pass of register tiles rather than a small
+    GEMM per group.
     """
 
     def __init__(
@@ -811,12 +858,15 @@ class _Tiles:
         team: int,
         clamp: tuple[float, float] | None,
         activation: tuple[str, Sequence[float]],
+        groups: int = 1,
     ) -> None:
-        from nxrt_ep_cpu.jit import pointwise as kernels
+        from nxrt_ep_cpu.jit import isa, pointwise
         from nxrt_ep_cpu.jit.elementwise import NONE
         from nxrt_ep_cpu.jit.threads import TEAM_NS, bounds
 
-        self.kernels = kernels
+        #: The loops and tile shapes of the target's instruction-set level (``jit/isa.py``).
+        self.kernels = kernels = pointwise.kernels()
+        lanes = kernels.LANES
         #: The activation the kernel applies as it writes (``none``: a clamp, or none).
         self.none = NONE
         self.kind, a, b = _fused_activation(activation)
@@ -830,34 +880,44 @@ class _Tiles:
         chunk = max(_TILE_MIN_CHUNK, _TILE_CHUNK // k // kernels.WIDTH * kernels.WIDTH)
         ranges = [[p, min(pixels, p + chunk)] for p in range(0, pixels, chunk)]
         if len(ranges) > 1 and ranges[-1][1] - ranges[-1][0] < _TILE_PIXELS:
-            last = ranges.pop()  # a chunk's tiles need 16 pixels: the short tail joins
+            last = ranges.pop()  # a chunk's tiles need a vector of pixels: the tail joins
             ranges[-1][1] = last[1]
-        computed = sum(_tiled_pixels(p1 - p0, kernels.WIDTH) for p0, p1 in ranges)
+        computed = sum(_tiled_pixels(p1 - p0, kernels.WIDTH, lanes) for p0, p1 in ranges)
+        waste = isa.LEVELS[kernels.LEVEL].lane_waste
         self.lanes = pixels < _TILE_PIXELS or (
-            computed > _LANE_WASTE * pixels and -(-m // 16) * 16 < _LANE_WASTE * m
+            computed > waste * pixels and -(-m // lanes) * lanes < waste * m
         )
         self.rows = kernels.LANE_BLOCK if self.lanes else kernels.ROWS
         self.blocks = -(-m // self.rows)
-        ns = n * m * k * pixels / _TILE_RATE
+        ns = n * m * k * pixels / isa.LEVELS[kernels.LEVEL].tile_rate
         parts = team if team > 1 and ns >= TEAM_NS else 1
         if self.lanes:
             ranges = [[0, pixels]]  # no chunks: a tile reads 8 pixels' values of a channel
         if (n * len(ranges) * self.blocks) % parts:
             # items that do not share evenly over the threads: each range cut in as many
-            # pieces, at whole tiles (of 8 pixels, or 32 keeping 16 in each piece)
-            tile, least = (kernels.LANE_PIXELS, 1) if self.lanes else (kernels.WIDTH, 16)
+            # pieces, at whole tiles (of LANE_PIXELS, or WIDTH keeping a vector in each)
+            tile, least = (kernels.LANE_PIXELS, 1) if self.lanes else (kernels.WIDTH, lanes)
             ranges = [piece for r in ranges for piece in _cut(r, parts, tile, least)]
+        self.groups = groups
         self.items = np.array(
-            [(i, p0, p1, t) for i in range(n) for p0, p1 in ranges for t in range(self.blocks)],
+            [
+                (i, p0, p1, t, i % groups * self.blocks + t)
+                for i in range(n)
+                for p0, p1 in ranges
+                for t in range(self.blocks)
+            ],
             np.int64,
-        ).reshape(-1, 4)
+        ).reshape(-1, 5)
         self.bounds = bounds(len(self.items), parts)
         self._bias: tuple[Any, Any] = (None, None)
         self._warm(k, m, pixels)
 
     def pack(self, w: np.ndarray) -> np.ndarray:
-        """The weights, (filters, channels), packed for the kernel, from a cache line."""
-        packed = self.kernels.pack(w, self.rows)
+        """The weights, (filters, channels) with the groups' filters one after the other,
+        packed for the kernel, each group's in blocks of its own, from a cache line."""
+        groups, pack = self.groups, self.kernels.pack
+        m = w.shape[0] // groups
+        packed = np.concatenate([pack(w[g * m : (g + 1) * m], self.rows) for g in range(groups)])
         aligned = _aligned(packed.shape)
         aligned[:] = packed
         return aligned
@@ -867,9 +927,11 @@ class _Tiles:
         constant array."""
         source, padded = self._bias
         if padded is None or source is not b:
-            padded = np.zeros(self.blocks * self.rows, np.float32)
+            groups, m = self.groups, self.out_shape[1]
+            padded = np.zeros((groups, self.blocks * self.rows), np.float32)
             if b is not None:
-                padded[: b.size] = b.reshape(-1)
+                padded[:, :m] = b.reshape(groups, m)
+            padded = padded.reshape(-1)
             if b is None or not b.flags.writeable:
                 self._bias = (b, padded)
         return padded
@@ -893,7 +955,7 @@ class _Tiles:
         """Compile the kernels (or load them from the disk cache) now, while the session is
         created, with the argument types of a run and no items."""
         x = np.zeros((0, k, pixels), np.float32)
-        wp = np.zeros((self.blocks, k * self.rows), np.float32)
+        wp = np.zeros((self.groups * self.blocks, k * self.rows), np.float32)
         args = (x, wp, self.bias(None), _NONE3, np.zeros((0, m, pixels), np.float32))
         kernels, split, none = self.kernels, len(self.bounds) > 2, np.zeros(2, np.int64)
         terms = (self.items, self.plain, False, self.none)
@@ -931,14 +993,94 @@ def _cut(span: list[int], parts: int, tile: int, least: int) -> list[list[int]]:
     return pieces
 
 
-def _tiled_pixels(count: int, width: int) -> int:
+def _tiled_pixels(count: int, width: int, lanes: int) -> int:
     """Pixels the pixel-lane kernel computes for a chunk of ``count`` (its loop: tiles of
-    ``width``, or 16 for 16 or fewer left, the last one shifted back to end the chunk)."""
+    ``width``, or one vector of ``lanes`` for that many or fewer left, the last one
+    shifted back to end the chunk)."""
     at = done = 0
     while at < count:
-        tile = width if count - at > 16 and count >= width else 16
+        tile = width if count - at > lanes and count >= width else lanes
         at, done = min(at, count - tile) + tile, done + tile
     return done
+
+
+class Unfolded(GemmPlan):
+    """float32, one group, maps whose columns fit in cache: each image unfolded into its
+    columns, (tap, channel) by output pixel (``jit/conv.py``'s :func:`image_columns`), then
+    :class:`Pointwise`'s register tiles on them, the bias, residual and activation applied
+    as they write (a GEMM through BLAS pays its packing and a call per image, and runs
+    short maps slowly). Larger columns (a 28x28 map of 128 channels) go to the GEMMs,
+    whose blocking keeps them in cache; several small maps to :class:`Im2col`'s one GEMM
+    over all of them."""
+
+    variant = "im2col-tiled"
+    padded = False
+    compiled_only = True
+
+    @classmethod
+    def suits(cls, shape: ConvShape) -> str:
+        win, k = shape.win, shape.win.taps * shape.cg
+        if shape.dtype != np.float32 or shape.group != 1 or win.taps == 1:
+            return ""
+        pixels = win.out[0] * win.out[1]
+        if shape.cg < _UNFOLD_CHANNELS or k > _UNFOLD_DEPTH or k * pixels > _UNFOLD_VALUES:
+            return ""
+        if shape.x[0] > 1 and pixels < _BAND_COLUMNS:
+            return ""  # several small maps: Im2col's one GEMM over all their columns
+        return (
+            f"{shape.cg} channels, {pixels} pixels: each image unfolded into {k} rows of "
+            "columns, then the 1x1 kernel's register tiles"
+        )
+
+    def __init__(self, shape: ConvShape, reason: str, kernel: ConvKernel) -> None:
+        super().__init__(shape, reason, kernel)
+        n, c = shape.x[:2]
+        win = shape.win
+        (ho, wo), self.k = win.out, c * self.taps
+        self.columns = (n, self.k, ho, wo)
+        inner_win = conv_windows(self.columns, (self.m, self.k, 1, 1))
+        inner = ConvShape.of(self.columns, (self.m, self.k, 1, 1), shape.dtype, inner_win, 1)
+        self.inner = Pointwise(inner, reason, kernel)
+        self.geometry = np.array(
+            [1, *win.kernel, *win.strides, *win.dilations, *win.begin, *win.out], np.int64
+        )
+        from nxrt_ep_cpu.jit.conv import image_columns
+
+        self.unfold = image_columns
+        _warm_columns(self.m, ho * wo, shape.x)
+        self._flat: tuple[Any, Any] = (None, None)
+
+    def prepare(self, w: np.ndarray) -> np.ndarray:
+        return w  # laid out by :meth:`_flat_weights`, packed by the inner plan
+
+    def run(self, x, w, b, z) -> np.ndarray:
+        if self.one_d:
+            x = x[:, :, None, :]
+            z = z[:, :, None, :] if z is not None and z.ndim == 3 else z
+        x = np.ascontiguousarray(x, np.float32)
+        n, k = x.shape[0], self.k
+        key = ("conv-unfolded", self.columns)
+        cols = self.workspace.take(key, lambda: np.empty(self.columns, np.float32))
+        try:
+            flat = cols.reshape(n, 1, k, -1)
+            for i in range(n):
+                self.unfold(x, flat[i], self.geometry, i, i + 1)
+            y = self.inner.run(cols, self._flat_weights(w), b, z)
+        finally:
+            self.workspace.give(key, cols)
+        return y[:, :, 0, :] if self.one_d else y
+
+    def _flat_weights(self, w: np.ndarray) -> np.ndarray:
+        """``w`` as 1x1 weights over the columns' rows, (tap, channel) order; the same array
+        for the same constant (so the inner plan's packed copy is kept)."""
+        source, flat = self._flat
+        if source is not w:
+            taps = w.reshape(self.m, self.cg, self.taps).transpose(0, 2, 1)
+            flat = np.ascontiguousarray(taps, np.float32).reshape(self.m, self.k, 1, 1)
+            if not w.flags.writeable:
+                flat.flags.writeable = False
+                self._flat = (w, flat)
+        return flat
 
 
 class Direct(GemmPlan):
@@ -947,6 +1089,7 @@ class Direct(GemmPlan):
     bias, residual and a Relu/Clip applied as the band is written out."""
 
     padded = False
+    compiled_only = True
 
     @classmethod
     def suits(cls, shape: ConvShape) -> str:
@@ -1121,9 +1264,10 @@ class Direct(GemmPlan):
 
 
 class Blocked(Direct):
-    """Depthwise on small maps, float32: 16 channels at a time in channels-last, each output
-    pixel's 16 channels one AVX-512 register (``jit/conv.py``), so that the padding is
-    never computed; the bias, residual and a Relu/Clip applied as the block is written.
+    """Depthwise on small maps, float32: a vector register of channels at a time (16 on
+    AVX-512, 8 on AVX2: :attr:`lanes`) in channels-last, each output pixel's channels one
+    register (``jit/conv.py``), so that the padding is never computed; the bias, residual
+    and a Relu/Clip applied as the block is written.
     Larger maps go a row at a time (:attr:`rows`), their blocks cut in bands of output
     rows (:attr:`parts`) where they do not split evenly over the EP's pool."""
 
@@ -1135,8 +1279,8 @@ class Blocked(Direct):
         if c < 16 or shape.win.out[1] > _BLOCKED_WIDTH:
             return ""
         return (
-            f"one filter per channel on a {shape.win.out[0]}x{shape.win.out[1]} map: 16 "
-            "channels per vector register, four pixels at a time"
+            f"one filter per channel on a {shape.win.out[0]}x{shape.win.out[1]} map: a "
+            "vector register of channels, eight pixels at a time"
         )
 
     def __init__(self, shape: ConvShape, reason: str, kernel: ConvKernel) -> None:
@@ -1149,17 +1293,24 @@ class Blocked(Direct):
         (pt, pl), (ho, wo) = win.begin, win.out
         hp = max(h + pt + win.end[0], (ho - 1) * sh + (kh - 1) * dh + 1)
         wp = max(w + pl + win.end[1], (wo - 1) * sw + (kw - 1) * dw + 1)
-        self.blocks = -(-c // 16)
+        from nxrt_ep_cpu.jit import conv
+
+        #: The target's loops (``jit/isa.py``) and the channels of one block: a vector.
+        kernels = conv.kernels()
+        self.lanes = lanes = kernels.LANES
+        self.blocks = -(-c // lanes)
         clamp = int(self.clamp is not None)
-        #: A row at a time (``depthwise_rows``) where a whole plane of 16 channels in
+        #: A row at a time (``depthwise_rows``) where a whole plane of a block in
         #: channels-last would leave L1 and the rows are wide enough to transpose whole.
-        self.rows = min(w, wo) >= 16 and h * w >= _ROWS_PIXELS
+        self.rows = min(w, wo) >= lanes and h * w >= _ROWS_PIXELS
         self.parts = 1
         if self.rows:
             # bands of rows where the blocks do not split evenly over the EP's pool
             if self.team > 1 and (n * self.blocks) % self.team:
                 self.parts = self.team // math.gcd(n * self.blocks, self.team)
-            self.columns = np.array([j * dw * 16 for _ in range(kh) for j in range(kw)], np.int64)
+            self.columns = np.array(
+                [j * dw * lanes for _ in range(kh) for j in range(kw)], np.int64
+            )
             self.tap_rows = np.array([i * dh for i in range(kh) for _ in range(kw)], np.int64)
             span = (kh - 1) * dh + 1
             self.geometry = np.array(
@@ -1167,46 +1318,47 @@ class Blocked(Direct):
             )
         else:
             self.offsets = np.array(
-                [(i * dh * wp + j * dw) * 16 for i in range(kh) for j in range(kw)], np.int64
+                [(i * dh * wp + j * dw) * lanes for i in range(kh) for j in range(kw)], np.int64
             )
             self.geometry = np.array([c, h, w, ho, wo, pt, pl, sh, sw, wp, hp, clamp], np.int64)
         self.items = n * self.blocks * self.parts
         self._tiles: tuple[Any, Any] = (None, None)
         threads = self.parallel.threads if self.parallel is not None else 1
         macs, moved = ho * wo * self.taps, h * w + ho * wo
-        ns = n * self.blocks * 16 * (macs / _BLOCKED_RATE[0] + moved / _BLOCKED_RATE[1])
+        ns = n * self.blocks * lanes * (macs / _BLOCKED_RATE[0] + moved / _BLOCKED_RATE[1])
         self.ranges = _split(self.items, self._parts(ns, threads))
         self.bounds = np.array([r.start for r in self.ranges] + [self.items], np.int64)
-        from nxrt_ep_cpu.jit import conv
-
         if self.rows:
-            self.kernel, self.team_kernel = conv.depthwise_rows, conv.depthwise_rows_team
+            self.kernel, self.team_kernel = kernels.depthwise_rows, kernels.depthwise_rows_team
         else:
-            self.kernel, self.team_kernel = conv.depthwise_blocks, conv.depthwise_blocks_team
+            self.kernel = kernels.depthwise_blocks
+            self.team_kernel = kernels.depthwise_blocks_team
         self._warm()
 
     def prepare(self, w: np.ndarray) -> np.ndarray:
-        taps = np.zeros((self.blocks * 16, self.taps), np.float32)
+        lanes = self.lanes
+        taps = np.zeros((self.blocks * lanes, self.taps), np.float32)
         taps[: self.m] = w.reshape(self.m, self.taps)
-        blocks = taps.reshape(self.blocks, 16, self.taps).transpose(0, 2, 1)
-        prepared = _aligned((self.blocks, self.taps * 16))
-        prepared[:] = blocks.reshape(self.blocks, self.taps * 16)
+        blocks = taps.reshape(self.blocks, lanes, self.taps).transpose(0, 2, 1)
+        prepared = _aligned((self.blocks, self.taps * lanes))
+        prepared[:] = blocks.reshape(self.blocks, self.taps * lanes)
         return prepared
 
     def _bias_vector(self, b: np.ndarray) -> np.ndarray:
         return b  # tiled (and copied) by :meth:`_tiled`
 
     def _tiled(self, bias: np.ndarray) -> np.ndarray:
-        """Each block's 16 biases four times (the kernel's accumulators start at them); kept
+        """Each block's biases four times (the kernel's accumulators start at them); kept
         while the bias is the same constant array."""
         source, tiled = self._tiles
         if source is bias:
             return tiled
-        tiled = _aligned((self.blocks, 64))
+        lanes = self.lanes
+        tiled = _aligned((self.blocks, 4 * lanes))
         if bias.size:
-            padded = np.zeros(self.blocks * 16, np.float32)
+            padded = np.zeros(self.blocks * lanes, np.float32)
             padded[: bias.size] = bias
-            tiled.reshape(self.blocks, 4, 16)[:] = padded.reshape(self.blocks, 1, 16)
+            tiled.reshape(self.blocks, 4, lanes)[:] = padded.reshape(self.blocks, 1, lanes)
         if not bias.flags.writeable or bias is _NONE:
             self._tiles = (bias, tiled)
         return tiled
@@ -1228,7 +1380,7 @@ class Blocked(Direct):
 
     def _plane(self, item: int) -> int:
         image, block = divmod(item // self.parts, self.blocks)
-        return image * self.m + min(block * 16, self.m)
+        return image * self.m + min(block * self.lanes, self.m)
 
 
 class Depthwise(GemmPlan):
@@ -1307,7 +1459,7 @@ class Im2col(GemmPlan):
                 self.split = True
             self.chunks = [(i, 0, self.layout.ho) for i in range(0, n, self.images)]
             self.reason += f", {self.images} images per GEMM"
-            if shape.dtype == np.float32:
+            if shape.dtype == np.float32 and kernel.compiled:
                 from nxrt_ep_cpu.jit.conv import columns_to_images, image_columns
 
                 self.jit = (image_columns, columns_to_images)
@@ -1389,23 +1541,32 @@ class Im2col(GemmPlan):
         )
         ho, n, m = layout.ho, self.x_shape[0], self.m
         count = self.images * ho * wo
-        cols = np.empty((g, taps, cg, count), self.dtype)
-        acc = np.empty((g, mg, count), self.dtype)
+        key = ("conv-image-grid", g, taps, cg, mg, count, self.dtype)
+
+        def scratch() -> tuple[np.ndarray, np.ndarray]:
+            return np.empty((g, taps, cg, count), self.dtype), np.empty((g, mg, count), self.dtype)
 
         def work(chunk: Chunk) -> None:
             i0 = chunk[0]
             i1 = min(n, i0 + self.images)
             images, size = i1 - i0, (i1 - i0) * ho * wo
-            grid = cols[:, :, :, :size].reshape(g, taps, cg, images, ho, wo)
-            for t in range(taps):
-                phase, offset = layout.taps[t]
-                block = src[i0:i1, phase, :, offset : offset + ho * wq]
-                block = block.reshape(images, g, cg, ho, wq)[..., :wo]
-                grid[:, t] = block.transpose(1, 2, 0, 3, 4)
-            product = acc[:, :, :size]
-            _gemm(wp, grid.reshape(g, taps * cg, size), product, 0.0, self.team, self.active_team())
-            moved = product.reshape(m, images, ho, wo).transpose(1, 0, 2, 3)
-            _finish(moved, out[i0:i1], b, None if z is None else z[i0:i1], act)
+            # each chunk its own columns and product: the chunks may run on the pool at once
+            held = self.workspace.take(key, scratch)
+            try:
+                cols, acc = held
+                grid = cols[:, :, :, :size].reshape(g, taps, cg, images, ho, wo)
+                for t in range(taps):
+                    phase, offset = layout.taps[t]
+                    block = src[i0:i1, phase, :, offset : offset + ho * wq]
+                    block = block.reshape(images, g, cg, ho, wq)[..., :wo]
+                    grid[:, t] = block.transpose(1, 2, 0, 3, 4)
+                product = acc[:, :, :size]
+                flat = grid.reshape(g, taps * cg, size)
+                _gemm(wp, flat, product, 0.0, self.team, self.active_team())
+                moved = product.reshape(m, images, ho, wo).transpose(1, 0, 2, 3)
+                _finish(moved, out[i0:i1], b, None if z is None else z[i0:i1], act)
+            finally:
+                self.workspace.give(key, held)
 
         return work
 
@@ -1497,6 +1658,7 @@ VARIANTS: tuple[type[GemmPlan], ...] = (
     Pointwise,
     Patches,
     Blocked,
+    Unfolded,
     Direct,
     Depthwise,
     Im2col,

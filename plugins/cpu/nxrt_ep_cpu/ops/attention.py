@@ -8,13 +8,22 @@ half-precision results match the ONNX reference bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from onnx.helper import tensor_dtype_to_np_dtype
 
 from nxrt.errors import KernelFailed
-from nxrt_ep_cpu.kernels import compiled
+from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.compiling import compiled_kernel
+from nxrt_ep_cpu.kernels import CpuKernel, compiled
 from nxrt_ep_cpu.ops._registry import op
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from nxrt.kernel import Kernel
+    from nxrt.provider import ExecutionProvider
 
 
 def _work_dtype(dtype: np.dtype) -> np.dtype:
@@ -49,12 +58,12 @@ def _split_heads(x: np.ndarray, heads: int, name: str) -> np.ndarray:
     return x.reshape(b, s, heads, hidden // heads).transpose(0, 2, 1, 3)
 
 
-def _softmax_rows(logits: np.ndarray, *, zero_empty: bool = True) -> np.ndarray:
+def _softmax_rows(logits: np.ndarray, *, zero_empty: bool = True, jit: bool = False) -> np.ndarray:
     """Softmax over the last axis; an all ``-inf`` row gives zeros, not NaN, unless
     ``zero_empty`` is off (then it is the formula's NaN, and float32 takes the compiled
-    softmax)."""
+    softmax where ``jit``)."""
     if not zero_empty:
-        if logits.dtype == np.float32 and logits.size:
+        if jit and logits.dtype == np.float32 and logits.size:
             return compiled("norm").softmax(logits, logits.ndim - 1, False, None)
         with np.errstate(invalid="ignore"):
             e = np.exp(logits - np.max(logits, axis=-1, keepdims=True))
@@ -93,6 +102,7 @@ def _attention(
     left_window_size: int = -1,
     right_window_size: int = -1,
     heads_only_for_3d: bool = False,
+    jit: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Scaled dot-product attention with every option of ONNX Attention (opsets 23-25).
 
@@ -165,7 +175,7 @@ def _attention(
     soft = _precision(softmax_precision) if softmax_precision is not None else dtype
     # only a row the bias masks entirely is zero (the spec's errata); scores that are -inf
     # by themselves (an infinite query) give the softmax's NaN, as in onnxruntime
-    probs = _softmax_rows(logits.astype(soft, copy=False), zero_empty=False)
+    probs = _softmax_rows(logits.astype(soft, copy=False), zero_empty=False, jit=jit)
     if bias is not None:
         masked_rows = np.isneginf(np.max(bias, axis=-1, keepdims=True))
         probs = np.where(masked_rows, probs.dtype.type(0), probs)
@@ -239,7 +249,19 @@ def _attention_bias(
     return bias + extra
 
 
-@op("Attention", since=(23, 24))
+def _attention_kernel(ep: ExecutionProvider, node: ir.Node, fn: Callable[..., Any]) -> Kernel:
+    """An Attention node's kernel: its float32 softmax compiled, built through
+    :func:`~nxrt_ep_cpu.compiling.compiled_kernel` (numpy's softmax until then)."""
+    attrs = attribute_values(node)
+    return compiled_kernel(
+        ep,
+        node,
+        lambda: CpuKernel(fn, attrs),
+        lambda: CpuKernel(fn, {**attrs, "_compiled": False}),
+    )
+
+
+@op("Attention", since=(23, 24), factory=lambda ep, node: _attention_kernel(ep, node, attention_23))
 def attention_23(
     q: np.ndarray,
     k: np.ndarray,
@@ -257,6 +279,7 @@ def attention_23(
     scale: float | None = None,
     softcap: float = 0.0,
     softmax_precision: int | None = None,
+    _compiled: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Attention of opsets 23 and 24 (24 adds ``nonpad_kv_seqlen`` for an external KV
     cache): Y, present key/value and the chosen ``qk_matmul_output``."""
@@ -275,10 +298,11 @@ def attention_23(
         softmax_precision=softmax_precision,
         softcap=softcap,
         qk_matmul_output_mode=qk_matmul_output_mode,
+        jit=_compiled,
     )
 
 
-@op("Attention", since=25)
+@op("Attention", since=25, factory=lambda ep, node: _attention_kernel(ep, node, attention))
 def attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -298,6 +322,7 @@ def attention(
     scale: float | None = None,
     softcap: float = 0.0,
     softmax_precision: int | None = None,
+    _compiled: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Attention of opset 25: adds sliding windows; head counts only for 3-D inputs."""
     return _attention(
@@ -318,6 +343,7 @@ def attention(
         left_window_size=left_window_size,
         right_window_size=right_window_size,
         heads_only_for_3d=True,
+        jit=_compiled,
     )
 
 

@@ -2,10 +2,14 @@
 
 Rounding is to nearest even (numpy and ml_dtypes); float8 targets saturate at
 their largest finite value unless ``saturate=0``; float8e8m0 follows
-``round_mode``. Strings are object arrays of ``str``.
+``round_mode``. Strings are object arrays of ``str``, written and read as ONNX Runtime
+does (C's ``%.8g``; C++'s ``stod`` and ``stoll``).
 """
 
 from __future__ import annotations
+
+import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -38,28 +42,84 @@ def _is_string(x: np.ndarray) -> bool:
 
 
 def _to_strings(x: np.ndarray) -> np.ndarray:
-    """Numbers in plain notation (numpy's shortest round-trip form) as an object array."""
+    """Numbers as ONNX Runtime writes them: floats with C's ``%.8g`` (float16 and the
+    ml_dtypes types through float32), ``NaN``, ``INF`` and ``-INF``; bools as 1 and 0."""
     if x.dtype.kind == "V":  # ml_dtypes types print through float32
         x = x.astype(np.float32)
-    return x.astype(np.str_).astype(object)
+    if x.dtype.kind == "f":
+        items = [_float_text(v) for v in x.reshape(-1).tolist()]
+    elif x.dtype.kind == "b":
+        items = ["1" if v else "0" for v in x.reshape(-1).tolist()]
+    elif x.dtype.kind in "OSU":
+        items = [s.decode() if isinstance(s, bytes) else str(s) for s in x.reshape(-1).tolist()]
+    else:
+        items = [str(v) for v in x.reshape(-1).tolist()]
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(x.shape)
+
+
+def _float_text(v: float) -> str:
+    if v != v:
+        return "NaN"
+    if v in (math.inf, -math.inf):
+        return "INF" if v > 0 else "-INF"
+    return format(v, ".8g")  # C's %.8g
+
+
+#: What C's strtod and strtoll read from the start of a string (the rest is ignored).
+_FLOAT_PREFIX = re.compile(
+    r"\s*([+-]?(?:inf(?:inity)?|nan(?:\([0-9a-z_]*\))?"
+    r"|0x(?:[0-9a-f]+\.?[0-9a-f]*|\.[0-9a-f]+)(?:p[+-]?\d+)?"
+    r"|(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?))",
+    re.IGNORECASE,
+)
+_INT_PREFIX = re.compile(r"\s*([+-]?\d+)")
+
+
+def _c_float(text: str) -> float:
+    """One number as strtod reads it: NaN with a payload, hexadecimal (0x1p3) too."""
+    low = text.lower()
+    if "nan" in low:
+        return math.nan
+    if "0x" in low:
+        sign = -1.0 if low.startswith("-") else 1.0
+        body = low.lstrip("+-")
+        return sign * float.fromhex(body if "p" in body else body + "p0")
+    return float(text)
 
 
 def _from_strings(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Parse decimal or scientific strings; "INF", "+INF", "-INF", "NaN" in any case."""
-    text = np.array(
-        [s.decode() if isinstance(s, bytes) else str(s) for s in x.ravel()], dtype=np.str_
-    ).reshape(x.shape)
+    """Parse strings as ONNX Runtime does, with C++'s ``stod`` (floats) and ``stoll`` /
+    ``stoull`` (integers and bool): the longest number at the start counts, the rest is
+    ignored ("1.5" is 1 as an integer), a negative number wraps into an unsigned type,
+    and a string without a number is refused."""
+    texts = [s.decode() if isinstance(s, bytes) else str(s) for s in x.reshape(-1).tolist()]
+    floating = dtype.kind not in "iub"
+    pattern = _FLOAT_PREFIX if floating else _INT_PREFIX
+    numbers = []
+    for text in texts:
+        found = pattern.match(text)
+        if found is None:
+            what = "a number" if floating else "an integer"
+            raise KernelFailed(f"Cast: the string {text!r} does not start with {what}")
+        numbers.append(found.group(1))
+    if floating:
+        values = [_c_float(n) for n in numbers]
+        return np.array(values, dtype=np.float64).reshape(x.shape)
+    values = [int(n) for n in numbers]
     if dtype == np.bool_:
-        return np.asarray(text.astype(np.float64) != 0)
-    if dtype.kind in "iu":
-        try:
-            return text.astype(dtype)
-        except ValueError:  # "100.5" to an integer: parse as a float and truncate
-            return text.astype(np.float64).astype(dtype)
-    try:
-        return text.astype(np.float64)
-    except ValueError as exc:
-        raise KernelFailed(f"Cast: cannot parse a string as a number: {exc}") from exc
+        return np.array([v != 0 for v in values], dtype=bool).reshape(x.shape)
+    info = np.iinfo(dtype)
+    bits = info.bits
+    limit = (-(2**63), 2**63 - 1) if info.min < 0 else (-(2**64) + 1, 2**64 - 1)
+    for v in values:
+        if not limit[0] <= v <= limit[1]:
+            raise KernelFailed(f"Cast: {v} is out of the range C++ reads into {dtype}")
+    wrapped = [v % (1 << bits) for v in values]  # the C++ cast keeps the low bits
+    if info.min < 0:
+        wrapped = [v - (1 << bits) if v > info.max else v for v in wrapped]
+    return np.array(wrapped, dtype=dtype).reshape(x.shape)
 
 
 def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:

@@ -12,12 +12,14 @@ import numpy as np
 from nxrt.errors import KernelFailed
 from nxrt.kernel import attribute_values
 from nxrt.memory import check_allocation
+from nxrt_ep_cpu.compiling import compiled_kernel
 from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from nxrt.kernel import Kernel
     from nxrt.provider import ExecutionProvider
 
 # -- NonMaxSuppression ---------------------------------------------------------------------------
@@ -28,10 +30,23 @@ if TYPE_CHECKING:
 _NMS_BYTES_PER_BOX = 20 * 8
 
 
-def _nms_kernel(ep: ExecutionProvider, node: ir.Node) -> CpuKernel:
-    """NonMaxSuppression's kernel, told its session's memory budget (the EP's limit)."""
-    return CpuKernel(
-        non_max_suppression, {**attribute_values(node), "_budget": ep.config.memory_limit}
+def _nms_kernel(ep: ExecutionProvider, node: ir.Node) -> Kernel:
+    """NonMaxSuppression's kernel, told its session's memory budget (the EP's limit); its
+    compiled loop built through :func:`~nxrt_ep_cpu.compiling.compiled_kernel` (the numpy
+    loop runs until then)."""
+    attrs = {**attribute_values(node), "_budget": ep.config.memory_limit}
+
+    def fast() -> CpuKernel:
+        # compiled (or loaded from the disk cache) now, with a run's argument types
+        _keep(np.zeros((5, 1), np.float32), np.zeros(1, np.int64), 0.5, 1)
+        return CpuKernel(non_max_suppression, attrs)
+
+    return compiled_kernel(
+        ep,
+        node,
+        fast,
+        lambda: CpuKernel(non_max_suppression, {**attrs, "_compiled": False}),
+        key=("nms",),
     )
 
 
@@ -46,17 +61,20 @@ def non_max_suppression(
     *,
     center_point_box: int = 0,
     _budget: int | None = None,
+    _compiled: bool = True,
 ) -> np.ndarray:
     """Greedy per-class box selection: ``(selected, 3)`` rows of [batch, class, box].
 
     Per class, boxes are taken by descending score (the lower index first on
     ties); each box taken drops the remaining ones whose IoU with it exceeds
-    the threshold. Each step compares one selected box with the candidates
-    left, so memory stays linear in the number of boxes (a detection model's
-    27,000 candidates need about 4 MiB, not the 5.4 GiB of an N x N IoU
-    matrix), checked against the session's budget before anything is
-    allocated; time is (boxes kept) x (boxes), bounded by
-    ``max_output_boxes_per_class``.
+    the threshold. Corners, areas and IoU are float32 arithmetic, as ONNX
+    Runtime computes them, so an IoU at the threshold (7/10 against 0.7) is
+    judged the same way: float64 would make 7/10 exceed float32's 0.7. Each
+    step compares one selected box with the candidates left, so memory stays
+    linear in the number of boxes (a detection model's 27,000 candidates need
+    about 4 MiB, not the 5.4 GiB of an N x N IoU matrix), checked against the
+    session's budget before anything is allocated; time is (boxes kept) x
+    (boxes), bounded by ``max_output_boxes_per_class``.
     """
     if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3:
         raise KernelFailed(
@@ -68,20 +86,21 @@ def non_max_suppression(
             f"NonMaxSuppression: boxes {boxes.shape} and scores {scores.shape} do not match"
         )
     limit = max(int(_scalar(max_output_boxes_per_class, 0)), 0)
-    iou_limit = float(_scalar(iou_threshold, 0.0))
+    iou_limit = float(np.float32(_scalar(iou_threshold, 0.0)))
     min_score = _scalar(score_threshold, None)
     if limit == 0:
         return np.zeros((0, 3), dtype=np.int64)
     check_allocation(_NMS_BYTES_PER_BOX * boxes.shape[1], _budget)
     selected: list[tuple[int, int, int]] = []
     for b in range(boxes.shape[0]):
-        corners = _box_corners(boxes[b].astype(np.float64), center_point_box)
+        corners = _box_corners(boxes[b].astype(np.float32), center_point_box)
         for c in range(scores.shape[1]):
             class_scores = scores[b, c].astype(np.float64)
             order = np.argsort(-class_scores, kind="stable")
             if min_score is not None:
                 order = order[class_scores[order] > float(min_score)]
-            selected += [(b, c, i) for i in _keep(corners, order, iou_limit, limit)]
+            kept = _keep(corners, order, iou_limit, limit, compiled=_compiled)
+            selected += [(b, c, i) for i in kept]
     return np.array(selected, dtype=np.int64).reshape(-1, 3)
 
 
@@ -104,18 +123,21 @@ def _box_corners(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
     return np.stack([y_min, x_min, y_max, x_max, (x_max - x_min) * (y_max - y_min)])
 
 
-def _keep(corners: np.ndarray, order: np.ndarray, threshold: float, limit: int) -> list[int]:
+def _keep(
+    corners: np.ndarray, order: np.ndarray, threshold: float, limit: int, compiled: bool = True
+) -> list[int]:
     """:func:`greedy_nms`'s choice for one class, compiled by numba when it is installed
-    (a Python loop over 27,000 boxes costs seconds; compiled, milliseconds)."""
-    compiled = _compiled_nms()
-    if compiled is None or not order.size:
+    (a Python loop over 27,000 boxes costs seconds; compiled, milliseconds) and
+    ``compiled`` (the numpy tier runs the reference)."""
+    loop = _compiled_nms() if compiled else None
+    if loop is None or not order.size:
         return greedy_nms(corners, order, threshold, limit)
     y0, x0, y1, x1, area = np.ascontiguousarray(corners[:, order])
     by_x = np.argsort(x0, kind="stable")
     widths = x1 - x0
     reach = float(np.max(widths[np.isfinite(widths)], initial=0.0))
     chosen = np.empty(min(limit, order.size), dtype=np.int64)
-    count = compiled(y0, x0, y1, x1, area, by_x, x0[by_x], reach, threshold, chosen)
+    count = loop(y0, x0, y1, x1, area, by_x, x0[by_x], reach, threshold, chosen)
     return order[chosen[:count]].tolist()
 
 
@@ -200,11 +222,12 @@ _compile_lock = threading.Lock()
 def _compiled_nms():
     """The numba-compiled :func:`_greedy_loop`, or ``None`` where numba is not installed."""
     try:
-        import numba
+        from nxrt_ep_cpu.jit import njit  # imports numba
     except ImportError:
         return None
+
     with _compile_lock:  # sessions may run on several threads at once
-        return numba.njit(cache=True, nogil=True)(_greedy_loop)
+        return njit(_greedy_loop)
 
 
 # -- RoiAlign ------------------------------------------------------------------------------------

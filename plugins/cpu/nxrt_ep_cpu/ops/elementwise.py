@@ -239,10 +239,14 @@ def clip(
 
 
 def _clip(x: np.ndarray, lo, hi) -> np.ndarray:
-    """``min(max(x, lo), hi)``: when ``lo > hi`` every value becomes ``hi``, as in ORT."""
-    y = x.copy() if lo is None else np.asarray(np.maximum(x, lo))
+    """``std::min(std::max(x, lo), hi)``, as ONNX Runtime computes it: when ``lo > hi``
+    every value becomes ``hi``; a NaN ``x`` stays NaN, and a NaN bound clips nothing (the
+    spec says nothing of NaN; C++'s ``max(a, b)`` is ``a < b ? b : a``)."""
+    y = x.copy()
+    if lo is not None:
+        np.copyto(y, lo, where=y < lo)
     if hi is not None:
-        np.minimum(y, hi, out=y)
+        np.copyto(y, hi, where=hi < y)
     return y
 
 
@@ -302,7 +306,11 @@ NUMPY_FASTER = frozenset({"Tanh"})
 
 
 def inplace_activation(
-    name: str | bytes, params: Sequence[float] = (), parallel: HostParallel | None = None
+    name: str | bytes,
+    params: Sequence[float] = (),
+    parallel: HostParallel | None = None,
+    *,
+    compiled: bool = True,
 ) -> Callable[[np.ndarray], Any] | None:
     """The in-place form of an activation a fused op applies (``pkg.nxrt`` FusedConv and
     FusedMatMul; ONNX Runtime's FusedConv names and ``activation_params``, plus Gelu,
@@ -310,23 +318,24 @@ def inplace_activation(
 
     float32 values in rows of contiguous values take the compiled loop of
     :mod:`nxrt_ep_cpu.jit.elementwise` (compiled here, when the kernel is made);
-    other dtypes and layouts, and :data:`NUMPY_FASTER`, the numpy form. Given the
-    session's pool, large contiguous calls split over the EP's pool.
+    other dtypes and layouts, :data:`NUMPY_FASTER`, and ``compiled=False`` (the numpy
+    tier of a kernel whose loops compile in the background), the numpy form. Given
+    the session's pool, large contiguous calls split over the EP's pool.
     """
     if isinstance(name, bytes):
         name = name.decode()
     if not name:
         return None
     reference = _numpy_activation(name, params)
-    if name in NUMPY_FASTER:
+    if name in NUMPY_FASTER or not compiled:
         return reference
     from nxrt_ep_cpu.jit import elementwise as compiled_ops
 
-    compiled = compiled_ops.Activation(name, params)
-    compiled(np.zeros(16, np.float32))  # compiles, or loads from the disk cache
+    loop = compiled_ops.Activation(name, params)
+    loop(np.zeros(16, np.float32))  # compiles, or loads from the disk cache
 
     def activate(y: np.ndarray) -> None:
-        if not compiled(y, parallel):
+        if not loop(y, parallel):
             reference(y)
 
     return activate

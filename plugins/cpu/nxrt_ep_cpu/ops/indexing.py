@@ -7,6 +7,7 @@ import numpy as np
 from nxrt.errors import KernelFailed
 from nxrt.memory import check_elements
 from nxrt_ep_cpu.ops._registry import op
+from nxrt_ep_cpu.ops._topk_order import ort_top_k
 
 _REDUCTIONS = {
     "add": np.add,
@@ -141,7 +142,24 @@ def _scatter(data, index: tuple, updates, reduction: str, op_name: str) -> np.nd
         raise KernelFailed(f"{op_name}: unknown reduction {reduction!r}")
     if out.dtype == np.bool_ and reduction in ("add", "mul"):
         ufunc = np.logical_or if reduction == "add" else np.logical_and
+    if reduction in ("max", "min") and out.dtype.kind == "f":
+        if np.isnan(out).any() or np.isnan(updates).any():
+            return _extreme_at(out, index, updates, reduction == "max")
     ufunc.at(out, index, updates)
+    return out
+
+
+def _extreme_at(out: np.ndarray, index: tuple, updates, largest: bool) -> np.ndarray:
+    """``max``/``min`` reductions over NaN as ONNX Runtime does them, one update after the
+    other, with C++'s ``std::max(update, current)`` (``a < b ? b : a``: a NaN update
+    replaces the value, a NaN value is replaced by the next update; the spec says
+    nothing of NaN)."""
+    positions = np.arange(out.size).reshape(out.shape)[index]  # where each update lands
+    updates = np.broadcast_to(np.asarray(updates, dtype=out.dtype), positions.shape)
+    flat_out = out.reshape(-1)
+    for position, value in zip(positions.reshape(-1).tolist(), updates.reshape(-1).tolist()):
+        a, b = value, flat_out[position]
+        flat_out[position] = b if ((a < b) if largest else (b < a)) else a
     return out
 
 
@@ -287,18 +305,27 @@ def top_k(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` largest (or smallest) entries along ``axis`` and their indices.
 
-    Output is always sorted (allowed when ``sorted=0``); equal values keep the
-    lower index first.
+    Sorted, equal values keep the lower index first (the spec's order; NaN counts as
+    the largest value, as in ONNX Runtime). With ``sorted=0`` the spec leaves the order
+    open, and nxrt gives ONNX Runtime's, replaying its algorithm.
     """
-    return _top_k(x, k, axis, largest)
+    return _top_k(x, k, axis, largest, sorted)
 
 
-def _top_k(x: np.ndarray, k, axis: int, largest: int) -> tuple[np.ndarray, np.ndarray]:
+def _top_k(
+    x: np.ndarray, k, axis: int, largest: int, sort: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     k = int(np.asarray(k).reshape(-1)[0])
     axis = _axis(axis, x.ndim, "TopK")
     size = x.shape[axis]
     if not 0 <= k <= size:
         raise KernelFailed(f"TopK: k={k} must lie in [0, {size}] for axis {axis}")
+    if not sort and k and x.size:
+        rows = np.moveaxis(x, axis, -1).reshape(-1, size)
+        picked = [ort_top_k(row.tolist(), k, bool(largest), bool(sort)) for row in rows]
+        order = np.asarray(picked, dtype=np.int64).reshape(*np.moveaxis(x, axis, -1).shape[:-1], k)
+        indices = np.moveaxis(order, -1, axis)
+        return np.take_along_axis(x, indices, axis=axis), indices
     if largest:
         # a stable ascending sort of the reversed axis, reversed again, is descending
         # with ties in ascending index order

@@ -22,6 +22,7 @@ import numpy as np
 
 from nxrt.errors import KernelFailed
 from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.compiling import compiled_kernel
 from nxrt_ep_cpu.kernels import CpuKernel, pool_team
 from nxrt_ep_cpu.ops._registry import op
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.host_parallel import HostParallel
+    from nxrt.kernel import Kernel
     from nxrt.provider import ExecutionProvider
 
 _FLOAT32 = np.dtype(np.float32)
@@ -72,10 +74,12 @@ class ActivationKernel(CpuKernel):
 def _clip_bounds(
     lo: np.ndarray | None = None, hi: np.ndarray | None = None
 ) -> tuple[float, float] | None:
-    """Clip's ``min`` and ``max`` inputs as floats (absent: unbounded); ``None`` when one is
-    NaN or not a float32 scalar (the reference's numpy semantics then apply)."""
+    """Clip's ``min`` and ``max`` inputs as floats (absent: float32's lowest and max, the
+    spec's defaults, which clip infinities); ``None`` when one is NaN or not a float32
+    scalar (the reference then runs)."""
     values = []
-    for bound, default in ((lo, -math.inf), (hi, math.inf)):
+    top = float(np.finfo(np.float32).max)
+    for bound, default in ((lo, -top), (hi, top)):
         if bound is None:
             values.append(default)
             continue
@@ -95,8 +99,9 @@ def compiled_activation(op_type: str, attrs: dict[str, Any]) -> tuple[str, Seque
         approximate = attrs["approximate"]
         approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
         return {"none": ("Gelu", ()), "tanh": ("FastGelu", ())}.get(approximate)
-    if op_type == "Clip":
-        return "Clip", (attrs.get("min", -math.inf), attrs.get("max", math.inf))
+    if op_type == "Clip":  # a missing bound is float32's lowest or max (the spec's default)
+        top = float(np.finfo(np.float32).max)
+        return "Clip", (attrs.get("min", -top), attrs.get("max", top))
     if op_type == "LeakyRelu" or op_type == "Swish":
         return op_type, (attrs["alpha"],)
     if op_type == "HardSigmoid":
@@ -104,12 +109,10 @@ def compiled_activation(op_type: str, attrs: dict[str, Any]) -> tuple[str, Seque
     return op_type, ()
 
 
-def activation_kernel(ep: ExecutionProvider, node: ir.Node, fn: Callable[..., Any]) -> CpuKernel:
+def activation_kernel(ep: ExecutionProvider, node: ir.Node, fn: Callable[..., Any]) -> Kernel:
     """The kernel of an activation node: an :class:`ActivationKernel` around the numpy
-    reference ``fn``, its compiled pass loaded now (session creation) rather than on the
-    first run."""
-    from nxrt_ep_cpu.jit import elementwise as compiled_ops
-
+    reference ``fn`` (its compiled pass built through
+    :func:`~nxrt_ep_cpu.compiling.compiled_kernel`: the reference runs until then)."""
     attrs = attribute_values(node)
     defaults = {
         name: p.default
@@ -119,9 +122,18 @@ def activation_kernel(ep: ExecutionProvider, node: ir.Node, fn: Callable[..., An
     form = compiled_activation(node.op_type, {**defaults, **attrs})
     if form is None:
         return CpuKernel(fn, attrs)
-    compiled = compiled_ops.Activation(*form)
-    compiled.map(np.zeros(16, np.float32))  # compiles, or loads from the disk cache
-    return ActivationKernel(fn, attrs, compiled, ep.parallel)
+
+    def fast() -> CpuKernel:
+        from nxrt_ep_cpu.jit import elementwise as compiled_ops
+
+        compiled = compiled_ops.Activation(*form)
+        compiled.map(np.zeros(16, np.float32))  # compiles, or loads from the disk cache
+        return ActivationKernel(fn, attrs, compiled, ep.parallel)
+
+    threads = ep.parallel.threads if ep.parallel is not None else 1
+    return compiled_kernel(
+        ep, node, fast, lambda: CpuKernel(fn, attrs), key=("activation", form[0], threads)
+    )
 
 
 def _work(x: np.ndarray) -> np.ndarray:
@@ -361,8 +373,14 @@ def elu(x: np.ndarray, /, *, alpha: float = 1.0) -> np.ndarray:
 
 @op("Celu", since=(12, 28))
 def celu(x: np.ndarray, /, *, alpha: float = 1.0) -> np.ndarray:
-    """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``."""
-    return _unary(lambda v: np.where(v > 0, v, alpha * np.expm1(v / alpha)), x)
+    """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``, the spec's function evaluated
+    as written (with ``alpha = 0`` the ``0 * inf`` of a positive ``x`` is NaN, as in
+    onnx.reference and ONNX Runtime)."""
+
+    def formula(v: np.ndarray) -> np.ndarray:
+        return np.maximum(v, 0) + np.minimum(alpha * np.expm1(v / alpha), 0)
+
+    return _unary(formula, x)
 
 
 @op("Selu", since=(6, 22))

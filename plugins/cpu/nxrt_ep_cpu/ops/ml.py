@@ -296,13 +296,13 @@ class EnsemblePlan:
         )
         check_acyclic(self.forest, "TreeEnsemble")
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, *, compiled: bool = True) -> np.ndarray:
         if x.ndim != 2:
             raise KernelFailed(f"TreeEnsemble: input must be [N, features], not {list(x.shape)}")
         x = self.forest.check_input(x, "TreeEnsemble")
         extremes = self.aggregate in ("MIN", "MAX")
         total, low, high, seen = leaf_scores(
-            self.forest, x, parallel=self.parallel, extremes=extremes
+            self.forest, x, parallel=self.parallel, extremes=extremes, compiled=compiled
         )
         if self.aggregate == "SUM":
             out = total

@@ -7,7 +7,7 @@ weights as a compressed row (``weight_start``/``weight_count`` into
 kernel is created.
 
 :func:`leaf_scores` walks all rows through all trees. The compiled walk
-(numba, imported on first use and cached on disk) goes row block by row
+(numba, imported on first use and cached on disk, through ``jit.njit``) goes row block by row
 block, each block through one tree at a time so the tree's nodes stay in
 cache, and adds the leaf weights as it goes; blocks of rows run on the
 session's threads. Without numba the numpy reference walks every (row, tree)
@@ -248,16 +248,18 @@ def leaf_scores(
     first_weight_only: bool = False,
     parallel: Any = None,
     extremes: bool = False,
+    compiled: bool = True,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray]:
     """Per row and target: the sum, min and max of the leaf weights reached, and whether
     any tree gave that target a weight (``[N, T]`` each; float64 and bool). Min and max
     are ``None`` unless ``extremes`` is set (only the MIN and MAX aggregates need them).
 
     ``first_weight_only`` counts only each leaf's first weight (single-target
-    ensembles, as ONNX Runtime reads them).
+    ensembles, as ONNX Runtime reads them). ``compiled=False`` takes the numpy walk
+    (the numpy tier, while the compiled walk is built).
     """
     values = np.ascontiguousarray(x, dtype=np.float64)
-    kernels = _compiled() if forest.members is None else None
+    kernels = _compiled() if compiled and forest.members is None else None
     if kernels is None:
         leaves = walk_numpy(forest, values)
         total, low, high, seen = aggregate_numpy(forest, leaves, first_weight_only)
@@ -488,11 +490,12 @@ _compile_lock = threading.Lock()
 def _compiled() -> tuple[Any] | None:
     """The numba-compiled walk, or ``None`` where numba is not installed."""
     try:
-        import numba
+        from nxrt_ep_cpu.jit import inline, njit  # imports numba
     except ImportError:
         return None
+
     with _compile_lock:  # sessions may be created on several threads at once
         # _walk_rows calls the helpers by their global names: compile them first, in place
         for name, body in _HELPERS.items():
-            globals()[name] = numba.njit(cache=True, nogil=True, inline="always")(body)
-        return (numba.njit(cache=True, nogil=True)(_walk_rows),)
+            globals()[name] = inline(body)
+        return (njit(_walk_rows),)

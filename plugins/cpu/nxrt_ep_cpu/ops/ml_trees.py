@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from nxrt.errors import KernelFailed
-from nxrt.kernel import attribute_values
+from nxrt.kernel import Kernel, attribute_values
+from nxrt_ep_cpu.compiling import compiled_kernel
 from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops.ml_scores import (
     check_transform,
+    expand_binary,
     labels_array,
-    logistic,
     probit,
     text,
     transform,
@@ -43,11 +44,20 @@ def _values(plain: Any, as_tensor: Any, name: str, op_name: str) -> np.ndarray:
     return np.asarray(chosen if chosen is not None else [], dtype=np.float64).reshape(-1)
 
 
-def prepared(build: Callable[..., Any]) -> Callable[[Any, Any], CpuKernel]:
-    """A registry ``factory``: the plan is built from the node's attributes once."""
+def prepared(build: Callable[..., Any]) -> Callable[[Any, Any], Kernel]:
+    """A registry ``factory``: the plan is built from the node's attributes once, and walks
+    its trees in numpy until the compiled walk is built
+    (:func:`~nxrt_ep_cpu.compiling.compiled_kernel`)."""
 
-    def factory(ep: Any, node: Any) -> CpuKernel:
-        return CpuKernel(build(parallel=ep.parallel, **attribute_values(node)), {})
+    def factory(ep: Any, node: Any) -> Kernel:
+        plan = build(parallel=ep.parallel, **attribute_values(node))
+        return compiled_kernel(
+            ep,
+            node,
+            lambda: CpuKernel(plan, {}),
+            lambda: CpuKernel(plan, {"compiled": False}),
+            key=("tree-walk",),
+        )
 
     return factory
 
@@ -112,7 +122,7 @@ class RegressorPlan:
             op=name,
         )
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, *, compiled: bool = True) -> np.ndarray:
         x = self.forest.check_input(x, "TreeEnsembleRegressor")
         single = self.n_targets == 1
         total, low, high, seen = leaf_scores(
@@ -121,6 +131,7 @@ class RegressorPlan:
             first_weight_only=single,
             parallel=self.parallel,
             extremes=self.aggregate in ("MIN", "MAX"),
+            compiled=compiled,
         )
         use_base = len(self.base) == self.n_targets
         base = self.base if use_base else np.zeros(self.n_targets)
@@ -240,11 +251,11 @@ class ClassifierPlan:
             op=name,
         )
 
-    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, x: np.ndarray, *, compiled: bool = True) -> tuple[np.ndarray, np.ndarray]:
         x = self.forest.check_input(x, "TreeEnsembleClassifier")
         single = len(self.labels) == 1
         total, _, _, seen = leaf_scores(
-            self.forest, x, first_weight_only=single, parallel=self.parallel
+            self.forest, x, first_weight_only=single, parallel=self.parallel, compiled=compiled
         )
         return self.finish(total, seen)
 
@@ -256,9 +267,10 @@ class ClassifierPlan:
         Two classes: with ``base_values`` of two entries and weights on the
         second class the scores are ``[-(b1 + s0), b1 + s0]``; a row whose
         second class got no weight has one score, from which the second
-        column is made (``1 - s`` when all weights are positive, ``-s`` or
-        ``logistic(-s)`` when not), and the label is the second class where
-        that score exceeds 0.5 (all weights positive) or 0.
+        column is made (``1 - s`` when all weights are positive, ``-s`` when
+        not; ``[logistic(-s), logistic(s)]`` under LOGISTIC either way), and the
+        label is the second class where that score exceeds 0.5 (all weights
+        positive) or 0.
         """
         n, classes = scores.shape
         if classes > 2:
@@ -303,18 +315,14 @@ class ClassifierPlan:
         return label, z
 
     def _one_score(self, s: np.ndarray, mode: np.ndarray) -> np.ndarray:
-        """Two columns from a row's one score, by ONNX Runtime's rule for the row's mode."""
+        """Two columns from a row's one score, by ONNX Runtime's rule for the row's mode
+        (:func:`expand_binary`: under LOGISTIC ``[logistic(-s), logistic(s)]`` whatever the
+        weights' signs, as onnxruntime since its fix of issue 27533)."""
         zero = np.zeros_like(s)
         if self.post == "PROBIT":
             return np.stack([probit(s), zero], axis=1)
-        if self.post == "LOGISTIC":
-            negated = np.stack([logistic(-s), logistic(s)], axis=1)
-        else:
-            negated = np.stack([-s, s], axis=1)
-        one_minus = np.stack([1 - s, s], axis=1)
-        unchanged = np.stack([s, zero], axis=1)
-        m = mode[:, None]
-        return np.where(m < 0, unchanged, np.where(m >= 2, negated, one_minus))
+        expanded = expand_binary(s, self.post, np.maximum(mode, 0))
+        return np.where(mode[:, None] < 0, np.stack([s, zero], axis=1), expanded)
 
 
 def _classifier(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, np.ndarray]:

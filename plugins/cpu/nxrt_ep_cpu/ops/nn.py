@@ -12,7 +12,9 @@ import numpy as np
 from nxrt.contrib_ops import DOMAIN, FUSED_SINCE
 from nxrt.errors import KernelFailed
 from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.compiling import compiled_kernel
 from nxrt_ep_cpu.kernels import CpuKernel, compiled, pool_team, run_team
+from nxrt_ep_cpu.ops._nan_order import ort_hardmax
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops.elementwise import NUMPY_FASTER, inplace_activation
 from nxrt_ep_cpu.ops.normalization import pooled
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.host_parallel import HostParallel
+    from nxrt.kernel import Kernel
     from nxrt.provider import ExecutionProvider
 
 _EPSILON = float(np.float32(1e-5))  # the schema default, a float32 value
@@ -161,25 +164,29 @@ def _fast_along(
     return (log_softmax if log else softmax)(x, axis=axis)
 
 
-@op("Softmax", since=(1, 11), factory=pooled(partial(_fast_flat, log=False)))
+@op("Softmax", since=(1, 11), factory=pooled(partial(_fast_flat, log=False), lambda: softmax_1))
 def softmax_1(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
     """Softmax over the flattened axes ``axis..`` (the input seen as 2-D, opsets 1 and 11)."""
     return _softmax(_as_2d(x, axis), axis=1).reshape(x.shape)
 
 
-@op("Softmax", since=13, factory=pooled(partial(_fast_along, log=False)))
+@op("Softmax", since=13, factory=pooled(partial(_fast_along, log=False), lambda: softmax))
 def softmax(x: np.ndarray, /, *, axis: int = -1) -> np.ndarray:
     """Softmax along one axis (opset 13 semantics)."""
     return _softmax(x, axis)
 
 
-@op("LogSoftmax", since=(1, 11), factory=pooled(partial(_fast_flat, log=True)))
+@op(
+    "LogSoftmax",
+    since=(1, 11),
+    factory=pooled(partial(_fast_flat, log=True), lambda: log_softmax_1),
+)
 def log_softmax_1(x: np.ndarray, /, *, axis: int = 1) -> np.ndarray:
     """LogSoftmax over the flattened axes ``axis..`` (opsets 1 and 11)."""
     return _log_softmax(_as_2d(x, axis), axis=1).reshape(x.shape)
 
 
-@op("LogSoftmax", since=13, factory=pooled(partial(_fast_along, log=True)))
+@op("LogSoftmax", since=13, factory=pooled(partial(_fast_along, log=True), lambda: log_softmax))
 def log_softmax(x: np.ndarray, /, *, axis: int = -1) -> np.ndarray:
     """LogSoftmax along one axis (opset 13 semantics)."""
     return _log_softmax(x, axis)
@@ -201,7 +208,10 @@ def _hardmax(x: np.ndarray, axis: int) -> np.ndarray:
     axis = axis + x.ndim if axis < 0 else axis
     y = np.zeros(x.shape, dtype=x.dtype)
     if x.size:
-        first = np.expand_dims(np.argmax(x, axis=axis), axis)
+        if x.dtype.kind == "f" and np.isnan(x).any():  # the spec is silent: ORT's choice
+            return ort_hardmax(x, axis)
+        else:
+            first = np.expand_dims(np.argmax(x, axis=axis), axis)
         np.put_along_axis(y, first, 1, axis=axis)
     return y
 
@@ -277,10 +287,13 @@ class GemmKernel(CpuKernel):
         self._add_bias(warm, warm[0])  # compiles, or loads from the disk cache, now
 
     @classmethod
-    def create(
-        cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]
-    ) -> GemmKernel:
-        return cls(fn, attribute_values(node), ep.parallel)
+    def create(cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]) -> Kernel:
+        """The node's kernel, built through :func:`~nxrt_ep_cpu.compiling.compiled_kernel`
+        (``fn``, the numpy reference, runs until its compiled pass is built)."""
+        attrs = attribute_values(node)
+        return compiled_kernel(
+            ep, node, lambda: cls(fn, attrs, ep.parallel), lambda: CpuKernel(fn, attrs)
+        )
 
     @property
     def direct_call(self) -> Callable[..., np.ndarray]:
@@ -313,17 +326,32 @@ class MatMulKernel(CpuKernel):
     per matrix; every other case is numpy's matmul."""
 
     def __init__(
-        self, fn: Callable[..., np.ndarray], attrs: dict[str, Any], parallel: HostParallel | None
+        self,
+        fn: Callable[..., np.ndarray],
+        attrs: dict[str, Any],
+        parallel: HostParallel | None,
+        *,
+        compiled: bool = True,
     ) -> None:
         super().__init__(fn, attrs, variant="blas")
         self.parallel = parallel
-        self.team = pool_team(parallel)
+        #: Parts of the EP's pool the products split into (1 without numba: ``compiled``).
+        self.team = pool_team(parallel) if compiled else 1
 
     @classmethod
-    def create(
-        cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]
-    ) -> MatMulKernel:
-        return cls(fn, attribute_values(node), ep.parallel)
+    def create(cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]) -> Kernel:
+        """The node's kernel: on one thread numpy's alone; on several, the products split
+        over the EP's pool once that is compiled (through ``compiled_kernel``), whole
+        GEMMs until then."""
+        attrs = attribute_values(node)
+        if ep.parallel is None or ep.parallel.threads < 2:
+            return cls(fn, attrs, ep.parallel)  # no numba: nothing to compile
+        return compiled_kernel(
+            ep,
+            node,
+            lambda: cls(fn, attrs, ep.parallel),
+            lambda: cls(fn, attrs, ep.parallel, compiled=False),
+        )
 
     @property
     def direct_call(self) -> Callable[..., np.ndarray]:
@@ -369,10 +397,16 @@ class FusedMatMulKernel(CpuKernel):
         self._add_bias(warm, warm[0])
 
     @classmethod
-    def create(
-        cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]
-    ) -> FusedMatMulKernel:
-        return cls(fn, attribute_values(node), ep.parallel)
+    def create(cls, ep: ExecutionProvider, node: ir.Node, fn: Callable[..., np.ndarray]) -> Kernel:
+        """The node's kernel, built through :func:`~nxrt_ep_cpu.compiling.compiled_kernel`
+        (``fn`` in numpy alone runs until its compiled epilogue is built)."""
+        attrs = attribute_values(node)
+        return compiled_kernel(
+            ep,
+            node,
+            lambda: cls(fn, attrs, ep.parallel),
+            lambda: CpuKernel(fn, {**attrs, "_compiled": False}),
+        )
 
     @property
     def direct_call(self) -> Callable[..., np.ndarray]:
@@ -467,13 +501,15 @@ def fused_mat_mul(
     *,
     activation: str = "",
     activation_params: list[float] | None = None,
+    _compiled: bool = True,
 ) -> np.ndarray:
     """``activation(a @ b + bias)``, bias along the last axis: a MatMul by constant weights
-    with the Add (and activation) after it fused in by the optimizer, applied in place."""
+    with the Add (and activation) after it fused in by the optimizer, applied in place
+    (``_compiled=False``: in numpy alone)."""
     y = np.asarray(np.matmul(a, b)).astype(a.dtype, copy=False)
     if bias is not None:
         np.add(y, bias, out=y, casting="unsafe")
-    act = inplace_activation(activation, activation_params or ())
+    act = inplace_activation(activation, activation_params or (), compiled=_compiled)
     if act is not None:
         act(y)
     return y

@@ -6,7 +6,8 @@ the input's dtype when that is wider, then the result is cast back.
 The registered functions are the numpy references. A session runs Layer, RMS,
 Group and Instance normalization through the kernel of :func:`pooled`: float32
 inputs take the compiled row kernels of :mod:`nxrt_ep_cpu.jit.norm` (on the
-session's pool for large inputs), every other case the reference.
+session's pool for large inputs), every other case the reference, which also
+runs until the loops are compiled.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from onnx.helper import tensor_dtype_to_np_dtype
 
 from nxrt.errors import KernelFailed
 from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.compiling import compiled_kernel
 from nxrt_ep_cpu.kernels import CpuKernel, compiled
 from nxrt_ep_cpu.ops._registry import op
 
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.host_parallel import HostParallel
+    from nxrt.kernel import Kernel
     from nxrt.provider import ExecutionProvider
 
 _EPSILON = float(np.float32(1e-5))  # the schema default, a float32 value
@@ -34,13 +37,23 @@ _FLOAT32 = np.dtype(np.float32)
 _STASH_FLOAT = 1  # TensorProto.FLOAT
 
 
-def pooled(fast: Callable[..., Any]) -> Callable[[ExecutionProvider, ir.Node], CpuKernel]:
+def pooled(
+    fast: Callable[..., Any], reference: Callable[[], Callable[..., Any]]
+) -> Callable[[ExecutionProvider, ir.Node], Kernel]:
     """A registry ``factory``: the node's kernel calls ``fast`` with its attributes and
-    the session's pool (keyword ``parallel``), for kernels that split large calls."""
+    the session's pool (keyword ``parallel``), for kernels that split large calls; until
+    its loops are compiled (:func:`~nxrt_ep_cpu.compiling.compiled_kernel`), the numpy
+    ``reference()`` (given as a function that returns it: the op's registered function,
+    defined below its decorator)."""
 
-    def factory(ep: ExecutionProvider, node: ir.Node) -> CpuKernel:
-        attrs = {**attribute_values(node), "parallel": ep.parallel}
-        return CpuKernel(fast, attrs, variant="numba")
+    def factory(ep: ExecutionProvider, node: ir.Node) -> Kernel:
+        attrs = attribute_values(node)
+        return compiled_kernel(
+            ep,
+            node,
+            lambda: CpuKernel(fast, {**attrs, "parallel": ep.parallel}, variant="numba"),
+            lambda: CpuKernel(reference(), attrs),
+        )
 
     return factory
 
@@ -114,7 +127,11 @@ def _fast_layer_normalization(
     return layer_normalization(x, scale, b, axis=axis, epsilon=epsilon, stash_type=stash_type)
 
 
-@op("LayerNormalization", since=17, factory=pooled(_fast_layer_normalization))
+@op(
+    "LayerNormalization",
+    since=17,
+    factory=pooled(_fast_layer_normalization, lambda: layer_normalization),
+)
 def layer_normalization(
     x: np.ndarray,
     scale: np.ndarray,
@@ -174,7 +191,9 @@ def _fast_rms_normalization(
     return rms_normalization(x, scale, axis=axis, epsilon=epsilon, stash_type=stash_type)
 
 
-@op("RMSNormalization", since=23, factory=pooled(_fast_rms_normalization))
+@op(
+    "RMSNormalization", since=23, factory=pooled(_fast_rms_normalization, lambda: rms_normalization)
+)
 def rms_normalization(
     x: np.ndarray,
     scale: np.ndarray,
@@ -264,7 +283,11 @@ def _fast_group_normalization_18(
     return y
 
 
-@op("GroupNormalization", since=18, factory=pooled(_fast_group_normalization_18))
+@op(
+    "GroupNormalization",
+    since=18,
+    factory=pooled(_fast_group_normalization_18, lambda: group_normalization_18),
+)
 def group_normalization_18(
     x: np.ndarray,
     scale: np.ndarray,
@@ -305,7 +328,11 @@ def _fast_group_normalization(
     return y
 
 
-@op("GroupNormalization", since=21, factory=pooled(_fast_group_normalization))
+@op(
+    "GroupNormalization",
+    since=21,
+    factory=pooled(_fast_group_normalization, lambda: group_normalization),
+)
 def group_normalization(
     x: np.ndarray,
     scale: np.ndarray,
@@ -340,7 +367,11 @@ def _fast_instance_normalization(
     return y
 
 
-@op("InstanceNormalization", since=(1, 6, 22), factory=pooled(_fast_instance_normalization))
+@op(
+    "InstanceNormalization",
+    since=(1, 6, 22),
+    factory=pooled(_fast_instance_normalization, lambda: instance_normalization),
+)
 def instance_normalization(
     x: np.ndarray,
     scale: np.ndarray,

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.compiling import compiled_kernel
 from nxrt_ep_cpu.kernels import CpuKernel, compiled
+from nxrt_ep_cpu.ops._nan_order import generic_max_pool, mlas_max_pool, uses_mlas
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops._spatial import Windows, lowest, pad_for, tap_views, windows
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.host_parallel import HostParallel
+    from nxrt.kernel import Kernel
     from nxrt.provider import ExecutionProvider
 
 #: Input values from which a compiled pool splits its planes across the session's pool:
@@ -37,25 +40,42 @@ _PARALLEL_VALUES = 1 << 19
 # ``ceil_mode``, 19 ``dilations``.
 
 
-def _pool_kernel(ep: ExecutionProvider, node: ir.Node) -> CpuKernel:
+def _pool_kernel(ep: ExecutionProvider, node: ir.Node) -> Kernel:
     """A MaxPool's or AveragePool's kernel: its attributes bound with the session's thread
-    pool, the compiled loops loaded now (session creation) rather than on the first run."""
-    from nxrt_ep_cpu.jit import pool as compiled
-
-    # compiled (or loaded from the disk cache) now, with a run's argument types and no planes
-    none, counts = np.zeros((0, 1, 1), np.float32), np.ones(1, np.int64)
-    geometry = np.ones(9, np.int64)
-    if node.op_type == "MaxPool":
-        compiled.max_pool2d(none, none, geometry, 0, 0)
-    else:
-        compiled.average_pool2d(none, none, geometry, counts, counts, 0, 0)
+    pool; the compiled loops built through :func:`~nxrt_ep_cpu.compiling.compiled_kernel`
+    (the numpy windows run until then)."""
     attrs = attribute_values(node)
     if node.op_type == "MaxPool":
         fn = max_pool
         attrs["_n_outputs"] = len(node.outputs)
     else:
         fn = average_pool
-    return CpuKernel(fn, {**attrs, "_parallel": ep.parallel})
+    attrs["_parallel"] = ep.parallel
+
+    def fast() -> CpuKernel:
+        from nxrt_ep_cpu.jit import pool as compiled
+
+        # compiled (or loaded from the disk cache) now, with a run's argument types, no planes
+        none, counts = np.zeros((0, 1, 1), np.float32), np.ones(1, np.int64)
+        geometry = np.ones(9, np.int64)
+        if node.op_type == "MaxPool":
+            compiled.max_pool2d(none, none, geometry, 0, 0)
+        else:
+            compiled.average_pool2d(none, none, geometry, counts, counts, 0, 0)
+        return CpuKernel(fn, attrs)
+
+    return compiled_kernel(ep, node, fast, lambda: CpuKernel(fn, {**attrs, "_compiled": False}))
+
+
+def _global_pool_kernel(ep: ExecutionProvider, node: ir.Node) -> Kernel:
+    """GlobalAveragePool's kernel: the compiled mean of float32 planes once built (numpy's
+    mean until then)."""
+    return compiled_kernel(
+        ep,
+        node,
+        lambda: CpuKernel(global_average_pool, {}),
+        lambda: CpuKernel(global_average_pool, {"_compiled": False}),
+    )
 
 
 @op("MaxPool", since=(1, 8, 10, 11, 12, 22), factory=_pool_kernel)
@@ -72,6 +92,7 @@ def max_pool(
     strides: list[int] | None = None,
     _n_outputs: int = 2,
     _parallel: HostParallel | None = None,
+    _compiled: bool = True,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Max over each window; the Indices output only when the node has it."""
     win = windows(
@@ -87,10 +108,30 @@ def max_pool(
         y = np.empty(x.shape[:2] + win.out, dtype=x.dtype)
         return y if _n_outputs < 2 else (y, np.empty(y.shape, dtype=np.int64))
     if _n_outputs < 2:  # nobody reads Indices: skip computing them
-        if _compiled_suits(x, win) and max(win.strides) > 1:  # stride 1: numpy's as fast
-            return _compiled_pool(x, win, None, _parallel)
-        return _max(x, win)
-    return _max_with_indices(x, win, storage_order)
+        if _compiled and _compiled_suits(x, win) and max(win.strides) > 1:  # stride 1: numpy's
+            y = _compiled_pool(x, win, None, _parallel)
+        else:
+            y = _max(x, win)
+        if y.dtype.kind == "f" and not np.isfinite(y).all():
+            return _nan_max_pool(x, win, storage_order, 1)[0]
+        return y
+    y, indices = _max_with_indices(x, win, storage_order)
+    if y.dtype.kind == "f" and np.isnan(y).any():
+        return _nan_max_pool(x, win, storage_order, 2)
+    return y, indices
+
+
+def _nan_max_pool(
+    x: np.ndarray, win: Windows, storage_order: int, outputs: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """MaxPool over windows holding NaN (or, through MLAS, -inf alone), where the spec
+    says nothing: ONNX Runtime's result, whose kernels each skip or keep a NaN by where
+    it sits (:mod:`._nan_order`)."""
+    if uses_mlas(x.dtype, win.dilations, storage_order, outputs) and len(win.kernel) <= 3:
+        return mlas_max_pool(x, win.kernel, win.strides, win.begin, win.end, win.out), None
+    return generic_max_pool(
+        x, win.kernel, win.strides, win.dilations, win.begin, win.out, storage_order
+    )
 
 
 @op("AveragePool", since=(1, 7, 10, 11, 19, 22), factory=_pool_kernel)
@@ -106,6 +147,7 @@ def average_pool(
     pads: list[int] | None = None,
     strides: list[int] | None = None,
     _parallel: HostParallel | None = None,
+    _compiled: bool = True,
 ) -> np.ndarray:
     """Mean over each window, padding counted only with ``count_include_pad``."""
     win = windows(
@@ -117,16 +159,16 @@ def average_pool(
         auto_pad=auto_pad,
         ceil_mode=ceil_mode,
     )
-    if _compiled_suits(x, win):
+    if _compiled and _compiled_suits(x, win):
         counts = _window_counts(x.shape[2:], win, count_include_pad)
         return _compiled_pool(x, win, counts, _parallel)
     return _average(x, win, count_include_pad)
 
 
-@op("GlobalAveragePool", since=(1, 22))
-def global_average_pool(x: np.ndarray, /) -> np.ndarray:
-    """Mean over every spatial axis, kept as size-1 axes."""
-    if x.dtype == np.float32 and x.ndim > 2 and x.size > 0:
+@op("GlobalAveragePool", since=(1, 22), factory=_global_pool_kernel)
+def global_average_pool(x: np.ndarray, /, *, _compiled: bool = True) -> np.ndarray:
+    """Mean over every spatial axis, kept as size-1 axes (float32 in a compiled loop)."""
+    if _compiled and x.dtype == np.float32 and x.ndim > 2 and x.size > 0:
         rows = np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1)
         out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), np.float32)
         compiled("pool").global_average(rows, out.reshape(-1))
@@ -136,8 +178,14 @@ def global_average_pool(x: np.ndarray, /) -> np.ndarray:
 
 @op("GlobalMaxPool", since=(1, 22))
 def global_max_pool(x: np.ndarray, /) -> np.ndarray:
-    """Max over every spatial axis, kept as size-1 axes."""
-    return np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+    """Max over every spatial axis, kept as size-1 axes; over a NaN, ONNX Runtime's result
+    (its float32 kernel, which float16 goes through, is MLAS's global pool)."""
+    y = np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+    if x.dtype in (np.float32, np.float16) and 2 < x.ndim <= 5 and not np.isfinite(y).all():
+        spatial = x.shape[2:]
+        zeros = (0,) * len(spatial)
+        return mlas_max_pool(x, spatial, (1,) * len(spatial), zeros, zeros, (1,) * len(spatial))
+    return y
 
 
 def _compiled_suits(x: np.ndarray, win: Windows) -> bool:

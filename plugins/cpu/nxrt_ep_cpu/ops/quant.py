@@ -1,17 +1,39 @@
 """Quantisation kernels: QuantizeLinear, DequantizeLinear, QLinear*, *Integer.
 
-Integer products are computed as float64 matmuls/convolutions: every product of
-two 8/16-bit values and their sums stay far below 2**53, so the result is exact
-while numpy uses BLAS instead of its slow integer matmul loop.
+Here the numpy kernels: integer products are computed as float64
+matmuls/convolutions (every product of two 8/16-bit values and their sums stay
+far below 2**53, so the result is exact while numpy uses BLAS instead of its
+slow integer matmul loop), requantized in float32 as ONNX Runtime does. The
+compiled integer kernels (``_quant_gemm.py``: u8 x s8 products summed in int32)
+compute the same numbers and replace them once built.
 """
 
 from __future__ import annotations
 
+import threading
+
 import ml_dtypes
 import numpy as np
+import onnx
+import onnx.defs
 from onnx import helper
 
+from nxrt.contrib_ops import DOMAIN as NXRT_DOMAIN
 from nxrt.errors import KernelFailed
+from nxrt_ep_cpu.ops._quant_gemm import (
+    DequantizeKernel,
+    DynamicQuantizeKernel,
+    MatMulIntegerKernel,
+    MatMulIntegerToFloatKernel,
+    QGemmKernel,
+    QLinearConvKernel,
+    QLinearMatMulKernel,
+    QuantizedAddKernel,
+    QuantizeKernel,
+    integer_kernel,
+    multiplier,
+    range_parameters,
+)
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops.conv import conv
 
@@ -40,6 +62,16 @@ _SMALL_FLOATS = {
     np.dtype(ml_dtypes.float6_e3m2fn),
 }
 _FLOAT_OUTPUTS = (np.float32, np.float16, ml_dtypes.bfloat16, np.float64)
+
+
+def _quantizer(ep, node, fn):
+    """QuantizeLinear's kernel: per-tensor float32 to 8 bits in one compiled pass."""
+    return integer_kernel(ep, node, QuantizeKernel, fn)
+
+
+def _dequantizer(ep, node, fn):
+    """DequantizeLinear's kernel: per-tensor 8 bits to float32 in one compiled pass."""
+    return integer_kernel(ep, node, DequantizeKernel, fn)
 
 
 def _np_dtype(onnx_type: int) -> np.dtype:
@@ -139,7 +171,11 @@ def _quantize(
     raise KernelFailed(f"QuantizeLinear cannot produce {dtype}; use an 8, 4 or 2-bit type")
 
 
-@op("QuantizeLinear", since=10)
+@op(
+    "QuantizeLinear",
+    since=10,
+    factory=lambda ep, node: _quantizer(ep, node, quantize_linear_10),
+)
 def quantize_linear_10(
     x: np.ndarray, y_scale: np.ndarray, y_zero_point: np.ndarray | None = None, /
 ) -> np.ndarray:
@@ -153,7 +189,11 @@ def quantize_linear_10(
 # dtype of the division) and float4/6 and 2-bit outputs.
 
 
-@op("QuantizeLinear", since=(13, 19, 21))
+@op(
+    "QuantizeLinear",
+    since=(13, 19, 21),
+    factory=lambda ep, node: _quantizer(ep, node, quantize_linear_13),
+)
 def quantize_linear_13(
     x: np.ndarray,
     y_scale: np.ndarray,
@@ -176,7 +216,11 @@ def quantize_linear_13(
     )  # fmt: skip
 
 
-@op("QuantizeLinear", since=(23, 24, 25, 28))
+@op(
+    "QuantizeLinear",
+    since=(23, 24, 25, 28),
+    factory=lambda ep, node: _quantizer(ep, node, quantize_linear),
+)
 def quantize_linear(
     x: np.ndarray,
     y_scale: np.ndarray,
@@ -232,7 +276,11 @@ def _dequantize(
     return dx.astype(out, copy=False)
 
 
-@op("DequantizeLinear", since=10)
+@op(
+    "DequantizeLinear",
+    since=10,
+    factory=lambda ep, node: _dequantizer(ep, node, dequantize_linear_10),
+)
 def dequantize_linear_10(
     x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None = None, /
 ) -> np.ndarray:
@@ -240,7 +288,11 @@ def dequantize_linear_10(
     return _dequantize(x, x_scale, x_zero_point)
 
 
-@op("DequantizeLinear", since=(13, 19, 21, 23, 24, 25, 28))
+@op(
+    "DequantizeLinear",
+    since=(13, 19, 21, 23, 24, 25, 28),
+    factory=lambda ep, node: _dequantizer(ep, node, dequantize_linear),
+)
 def dequantize_linear(
     x: np.ndarray,
     x_scale: np.ndarray,
@@ -258,7 +310,13 @@ def dequantize_linear(
     )
 
 
-@op("DynamicQuantizeLinear", since=11)
+@op(
+    "DynamicQuantizeLinear",
+    since=11,
+    factory=lambda ep, node: integer_kernel(
+        ep, node, DynamicQuantizeKernel, dynamic_quantize_linear
+    ),
+)
 def dynamic_quantize_linear(x: np.ndarray, /) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """uint8 quantisation whose range covers ``[min(x, 0), max(x, 0)]``.
 
@@ -267,12 +325,10 @@ def dynamic_quantize_linear(x: np.ndarray, /) -> tuple[np.ndarray, np.ndarray, n
     would divide by a zero scale).
     """
     x32 = x.astype(np.float32, copy=False)
-    high = np.float32(max(0.0, float(np.max(x32)))) if x.size else np.float32(0)
-    low = np.float32(min(0.0, float(np.min(x32)))) if x.size else np.float32(0)
-    scale = (high - low) / np.float32(255) if high != low else np.float32(1)
-    # saturated as the C++ std::max(0, std::min(255, zp)) of onnxruntime and onnx.reference:
-    # a NaN zero point (an infinite input) becomes 255, where np.clip would keep the NaN
-    zero = np.rint(np.float32(max(0.0, min(255.0, float(np.float32(0) - low / scale)))))
+    if x.size:
+        scale, zero = range_parameters(np.max(x32), np.min(x32))
+    else:
+        scale, zero = range_parameters(np.float32(0), np.float32(0))
     y = np.asarray(np.rint(x32 / scale))
     y += zero
     np.clip(y, 0, 255, out=y)
@@ -303,7 +359,11 @@ def _as_int32(y: np.ndarray) -> np.ndarray:
     return np.rint(y).astype(np.int32)
 
 
-@op("MatMulInteger", since=10)
+@op(
+    "MatMulInteger",
+    since=10,
+    factory=lambda ep, node: integer_kernel(ep, node, MatMulIntegerKernel, mat_mul_integer),
+)
 def mat_mul_integer(
     a: np.ndarray,
     b: np.ndarray,
@@ -317,7 +377,11 @@ def mat_mul_integer(
     return _as_int32(np.matmul(wa, wb))
 
 
-@op("QLinearMatMul", since=(10, 21))
+@op(
+    "QLinearMatMul",
+    since=(10, 21),
+    factory=lambda ep, node: integer_kernel(ep, node, QLinearMatMulKernel, q_linear_mat_mul),
+)
 def q_linear_mat_mul(
     a: np.ndarray,
     a_scale: np.ndarray,
@@ -334,17 +398,18 @@ def q_linear_mat_mul(
     wa = _widen(a, a_zero_point, _row_shape(a_zero_point, a))
     wb = _widen(b, b_zero_point)
     a_s = a_scale.reshape(rows) if rows else a_scale
-    factor = (a_s * b_scale / y_scale).astype(np.float64)
-    y = np.matmul(wa, wb) * factor
-    return _requantize(y, y_zero_point, a.dtype)
+    return _requantize(np.matmul(wa, wb), multiplier(a_s, b_scale, y_scale), y_zero_point, a.dtype)
 
 
-def _requantize(y: np.ndarray, y_zero_point: np.ndarray | None, default: np.dtype) -> np.ndarray:
-    """Round to nearest even, add the zero point and saturate to its integer type."""
+def _requantize(
+    acc: np.ndarray, factor: np.ndarray, y_zero_point: np.ndarray | None, default: np.dtype
+) -> np.ndarray:
+    """``saturate(rint(float32(acc) * factor) + y_zero_point)``, float32 as ONNX Runtime's
+    requantization (``acc`` holds exact integers; ``factor`` is float32)."""
     dtype = y_zero_point.dtype if y_zero_point is not None else np.dtype(default)
     if dtype not in _INT_RANGES:
         raise KernelFailed(f"quantised output type {dtype} is not supported; use uint8 or int8")
-    y = np.asarray(np.rint(y))
+    y = np.rint(np.asarray(acc).astype(np.float32) * factor).astype(np.float64)
     if y_zero_point is not None:
         y += y_zero_point.astype(np.float64)
     low, high = _INT_RANGES[dtype]
@@ -403,7 +468,11 @@ def conv_integer(
     return _as_int32(y)
 
 
-@op("QLinearConv", since=10)
+@op(
+    "QLinearConv",
+    since=10,
+    factory=lambda ep, node: integer_kernel(ep, node, QLinearConvKernel, q_linear_conv),
+)
 def q_linear_conv(
     x: np.ndarray,
     x_scale: np.ndarray,
@@ -446,5 +515,248 @@ def q_linear_conv(
     if b is not None:
         acc += b.astype(np.float64).reshape((m,) + (1,) * (rank - 1))
     w_s = w_scale.reshape((m,) + (1,) * (rank - 1)) if w_scale.size > 1 else w_scale
-    factor = (x_scale * w_s / y_scale).astype(np.float64)
-    return _requantize(acc * factor, y_zero_point, x.dtype)
+    return _requantize(acc, multiplier(x_scale, w_s, y_scale), y_zero_point, x.dtype)
+
+
+# -- com.microsoft ops that onnxruntime.quantization writes, and the optimizer's fusions make --
+
+MS_DOMAIN = "com.microsoft"
+NXRT_SINCE = 1
+_lock = threading.Lock()
+
+
+def _ms_schemas() -> list[onnx.defs.OpSchema]:
+    """ONNX Runtime's contrib schemas of QGemm and MatMulIntegerToFloat (its docs'
+    inputs, types and attribute defaults), so onnx's tools know the ops."""
+    schema = onnx.defs.OpSchema
+    param = schema.FormalParameter
+    optional = schema.FormalParameterOption.Optional
+    ints8 = ["tensor(uint8)", "tensor(int8)"]
+    qgemm = schema(
+        "QGemm",
+        MS_DOMAIN,
+        1,
+        "Quantized Gemm: alpha * (A - a_zero_point) @ (B - b_zero_point) + C, C int32 at "
+        "a_scale * b_scale; float output, or quantized with y_scale and y_zero_point.",
+        inputs=[
+            param("A", "TA", "Input A."),
+            param("a_scale", "T", "Scale of A, per tensor."),
+            param("a_zero_point", "TA", "Zero point of A, per tensor."),
+            param("B", "TB", "Input B."),
+            param("b_scale", "T", "Scale of B, per tensor or per column."),
+            param("b_zero_point", "TB", "Zero point of B, as its scale."),
+            param("C", "TC", "int32 bias.", param_option=optional),
+            param("y_scale", "T", "Output scale.", param_option=optional),
+            param("y_zero_point", "TYZ", "Output zero point.", param_option=optional),
+        ],
+        outputs=[param("Y", "TY", "Output.")],
+        type_constraints=[
+            ("T", ["tensor(float)"], "Scales."),
+            ("TA", ints8, "A and its zero point."),
+            ("TB", ints8, "B and its zero point."),
+            ("TC", ["tensor(int32)"], "The bias."),
+            ("TYZ", ints8, "The output zero point."),
+            ("TY", ["tensor(float)", *ints8], "float32, or y_zero_point's type."),
+        ],
+        attributes=[
+            schema.Attribute("alpha", helper.make_attribute("alpha", 1.0), "Scale of A @ B."),
+            schema.Attribute("transA", helper.make_attribute("transA", 0), "Transpose A."),
+            schema.Attribute("transB", helper.make_attribute("transB", 0), "Transpose B."),
+        ],
+    )
+    to_float = schema(
+        "MatMulIntegerToFloat",
+        MS_DOMAIN,
+        1,
+        "float32(MatMulInteger(A, B, a_zero_point, b_zero_point)) * a_scale * b_scale + bias.",
+        inputs=[
+            param("A", "T1", "Input A."),
+            param("B", "T2", "Input B."),
+            param("a_scale", "T3", "Scale of A."),
+            param("b_scale", "T3", "Scale of B, per tensor or per column."),
+            param("a_zero_point", "T1", "Zero point of A.", param_option=optional),
+            param("b_zero_point", "T2", "Zero point of B.", param_option=optional),
+            param("bias", "T3", "Bias along the last axis.", param_option=optional),
+        ],
+        outputs=[param("Y", "T3", "Output.")],
+        type_constraints=[
+            ("T1", ints8, "A."),
+            ("T2", ints8, "B."),
+            ("T3", ["tensor(float)", "tensor(float16)"], "Scales, bias and output."),
+        ],
+    )
+    return [qgemm, to_float]
+
+
+def _nxrt_schemas() -> list[onnx.defs.OpSchema]:
+    """``pkg.nxrt::QuantizedAdd``, which the cpu EP's QDQ passes make."""
+    schema = onnx.defs.OpSchema
+    param = schema.FormalParameter
+    ints8 = ["tensor(uint8)", "tensor(int8)"]
+    add = schema(
+        "QuantizedAdd",
+        NXRT_DOMAIN,
+        NXRT_SINCE,
+        "QuantizeLinear(Relu?(DequantizeLinear(A) + DequantizeLinear(B))), per tensor, in "
+        "float32 exactly as the separate ops compute it.",
+        inputs=[
+            param("A", "TA", "First input."),
+            param("a_scale", "T", "Scale of A."),
+            param("a_zero_point", "TA", "Zero point of A."),
+            param("B", "TB", "Second input, A's shape."),
+            param("b_scale", "T", "Scale of B."),
+            param("b_zero_point", "TB", "Zero point of B."),
+            param("y_scale", "T", "Output scale."),
+            param("y_zero_point", "TY", "Output zero point."),
+        ],
+        outputs=[param("Y", "TY", "Output.")],
+        type_constraints=[
+            ("T", ["tensor(float)"], "Scales."),
+            ("TA", ints8, "A."),
+            ("TB", ints8, "B."),
+            ("TY", ints8, "Y."),
+        ],
+        attributes=[
+            schema.Attribute("relu", helper.make_attribute("relu", 0), "1: a Relu before Q."),
+        ],
+    )
+    return [add]
+
+
+def _infer_zero_point_type(ctx) -> None:
+    """QuantizedAdd's Y: y_zero_point's type and A's shape."""
+    zero, a = ctx.get_input_type(7), ctx.get_input_type(0)
+    if zero is None or not zero.HasField("tensor_type"):
+        return
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = zero.tensor_type.elem_type
+    if a is not None and a.HasField("tensor_type") and a.tensor_type.HasField("shape"):
+        out.tensor_type.shape.CopyFrom(a.tensor_type.shape)
+    ctx.set_output_type(0, out)
+
+
+def _infer_float_or_zero_point(ctx) -> None:
+    """QGemm's Y: y_zero_point's type, or float32 without one."""
+    out = onnx.TypeProto()
+    zero = ctx.get_input_type(8) if ctx.get_num_inputs() > 8 else None
+    has_zero = zero is not None and zero.HasField("tensor_type")
+    out.tensor_type.elem_type = zero.tensor_type.elem_type if has_zero else onnx.TensorProto.FLOAT
+    ctx.set_output_type(0, out)
+
+
+def _infer_scale_type(ctx) -> None:
+    """MatMulIntegerToFloat's Y: the scales' type."""
+    scale = ctx.get_input_type(2)
+    if scale is None or not scale.HasField("tensor_type"):
+        return
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = scale.tensor_type.elem_type
+    ctx.set_output_type(0, out)
+
+
+def register_schemas() -> None:
+    """Make onnx know the com.microsoft ops registered here (idempotent)."""
+    inference = {
+        "QGemm": _infer_float_or_zero_point,
+        "MatMulIntegerToFloat": _infer_scale_type,
+        "QuantizedAdd": _infer_zero_point_type,
+    }
+    with _lock:
+        for schema in [*_ms_schemas(), *_nxrt_schemas()]:
+            if not onnx.defs.has(schema.name, schema.since_version, schema.domain):
+                schema.set_type_and_shape_inference_function(inference[schema.name])
+                onnx.defs.register_schema(schema)
+
+
+register_schemas()
+
+
+@op(
+    "QGemm",
+    since=1,
+    domain=MS_DOMAIN,
+    factory=lambda ep, node: integer_kernel(ep, node, QGemmKernel, q_gemm),
+)
+def q_gemm(
+    a: np.ndarray,
+    a_scale: np.ndarray,
+    a_zero_point: np.ndarray,
+    b: np.ndarray,
+    b_scale: np.ndarray,
+    b_zero_point: np.ndarray,
+    c: np.ndarray | None = None,
+    y_scale: np.ndarray | None = None,
+    y_zero_point: np.ndarray | None = None,
+    /,
+    *,
+    alpha: float = 1.0,
+    transA: int = 0,
+    transB: int = 0,
+) -> np.ndarray:
+    """``alpha * (A' - a_zp) @ (B' - b_zp) + C`` (C int32 at ``a_scale * b_scale``), scaled
+    to float32, or requantized to ``y_scale`` and ``y_zero_point`` when given; B per tensor
+    or per column (of ``B'``)."""
+    wa = _widen(a.T if transA else a, a_zero_point)
+    bt = b.T if transB else b
+    wb = bt.astype(np.float64)
+    if b_zero_point is not None:
+        wb -= np.asarray(b_zero_point, np.float64).reshape(-1)
+    acc = np.matmul(wa, wb)
+    if c is not None:
+        acc += c.astype(np.float64)
+    scale = np.float32(alpha) * multiplier(a_scale, b_scale.reshape(-1), np.float32(1.0))
+    if y_scale is None:
+        return np.asarray(acc).astype(np.float32) * scale
+    factor = (scale / np.asarray(y_scale, np.float32)).astype(np.float32)
+    return _requantize(acc, factor, y_zero_point, a.dtype)
+
+
+@op(
+    "MatMulIntegerToFloat",
+    since=1,
+    domain=MS_DOMAIN,
+    factory=lambda ep, node: integer_kernel(
+        ep, node, MatMulIntegerToFloatKernel, mat_mul_integer_to_float
+    ),
+)
+def mat_mul_integer_to_float(
+    a: np.ndarray,
+    b: np.ndarray,
+    a_scale: np.ndarray,
+    b_scale: np.ndarray,
+    a_zero_point: np.ndarray | None = None,
+    b_zero_point: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    /,
+) -> np.ndarray:
+    """``float32(MatMulInteger(A, B)) * float32(a_scale * b_scale) + bias`` in float32, each
+    step rounded as the separate ops round it (MatMulInteger, Cast, Mul, Add)."""
+    acc = mat_mul_integer(a, b, a_zero_point, b_zero_point).astype(np.float32)
+    y = acc * (a_scale.astype(np.float32) * b_scale.astype(np.float32))
+    return y + bias if bias is not None else y
+
+
+@op(
+    "QuantizedAdd",
+    since=NXRT_SINCE,
+    domain=NXRT_DOMAIN,
+    factory=lambda ep, node: integer_kernel(ep, node, QuantizedAddKernel, quantized_add),
+)
+def quantized_add(
+    a: np.ndarray,
+    a_scale: np.ndarray,
+    a_zero_point: np.ndarray,
+    b: np.ndarray,
+    b_scale: np.ndarray,
+    b_zero_point: np.ndarray,
+    y_scale: np.ndarray,
+    y_zero_point: np.ndarray,
+    /,
+    *,
+    relu: int = 0,
+) -> np.ndarray:
+    """``Q(Relu?(DQ(A) + DQ(B)))``: the separate ops, composed (the fusion changes no bit)."""
+    total = _dequantize(a, a_scale, a_zero_point) + _dequantize(b, b_scale, b_zero_point)
+    if relu:
+        total = np.maximum(total, np.float32(0))
+    return _quantize(total, y_scale, y_zero_point)

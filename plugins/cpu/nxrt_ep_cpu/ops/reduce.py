@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from nxrt.errors import KernelFailed
+from nxrt_ep_cpu.ops._nan_order import ort_arg_extreme, ort_reduce_extreme
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops._spatial import pad_for, tap_views, windows
 
@@ -114,11 +115,19 @@ def _prod(x: np.ndarray, axes: tuple[int, ...], keepdims: int) -> np.ndarray:
 def _extreme(
     fn: Callable, x: np.ndarray, axes: tuple[int, ...], keepdims: int, largest: bool
 ) -> np.ndarray:
-    """Max or min; an empty set gives the dtype's lowest (max) or highest (min) value."""
+    """Max or min; an empty set gives the dtype's lowest (max) or highest (min) value.
+
+    Where a NaN is reduced (numpy's max is then NaN) the spec says nothing, and nxrt
+    gives ONNX Runtime's answer, which depends on where the NaN sits
+    (:func:`~nxrt_ep_cpu.ops._nan_order.ort_reduce_extreme`).
+    """
     kwargs = {}
     if x.size == 0:
         kwargs["initial"] = _limit(x.dtype, lowest=largest)
-    return _finish(fn(x, axis=axes, keepdims=True, **kwargs), x.dtype, keepdims, axes)
+    y = fn(x, axis=axes, keepdims=True, **kwargs)
+    if axes and x.dtype.kind == "f" and x.size and np.isnan(y).any():
+        y = ort_reduce_extreme(x, axes, largest)
+    return _finish(y, x.dtype, keepdims, axes)
 
 
 def _limit(dtype: np.dtype, lowest: bool):
@@ -394,7 +403,9 @@ def _arg(
         if not keepdims:
             del shape[axis]
         return np.zeros(shape, dtype=np.int64)  # an empty result needs no answer
-    if select_last_index:
+    if data.dtype.kind == "f" and np.isnan(data).any():  # the spec is silent: ORT's answer
+        y = ort_arg_extreme(data, axis, fn is np.argmax, bool(select_last_index))
+    elif select_last_index:
         last = data.shape[axis] - 1
         y = last - fn(np.flip(data, axis=axis), axis=axis, keepdims=True)
     else:

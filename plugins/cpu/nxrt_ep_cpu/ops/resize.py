@@ -249,17 +249,26 @@ def _source_coordinates(
 
 
 def _nearest_index(coords: np.ndarray, mode: str, scale: float, in_size: int) -> np.ndarray:
-    if mode == "round_prefer_floor":
-        index = np.ceil(coords - 0.5)
-    elif mode == "round_prefer_ceil":
-        index = np.floor(coords + 0.5)
-    elif mode == "floor":
-        index = np.floor(coords)
-    elif mode == "ceil":
-        index = np.ceil(coords)
-    else:  # "simple", the rule of Upsample and Resize-10: ceil when shrinking
+    """The pixel each coordinate rounds to, chosen as onnx.reference chooses it: between
+    the two taps of a window placed on the coordinate plus one (so float64 noise just
+    above 0, such as 1e-16 from half_pixel_symmetric's offset, lands on 0, as it does in
+    the reference and in ONNX Runtime's float32); an exact integer is itself."""
+    if mode == "simple":  # the rule of Upsample and Resize-10: ceil when shrinking
         index = np.ceil(coords) if scale < 1 else np.floor(coords)
-    return np.clip(index, 0, in_size - 1).astype(np.intp)
+        return np.clip(index, 0, in_size - 1).astype(np.intp)
+    whole = np.floor(coords)
+    ratio = coords - whole
+    if mode == "round_prefer_floor":
+        upper = ratio > 0.5
+    elif mode == "round_prefer_ceil":
+        upper = ratio >= 0.5
+    else:
+        upper = np.full(coords.shape, mode == "ceil")
+    upper = upper | (coords == whole)
+    padded = coords + 1
+    start = np.floor(padded)
+    lower = np.where(padded == start, start - 2, start - 1)
+    return np.clip(lower + upper, 0, in_size - 1).astype(np.intp)
 
 
 def _cubic_kernel(a: float) -> Callable[[np.ndarray], np.ndarray]:

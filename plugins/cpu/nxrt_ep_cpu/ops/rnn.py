@@ -22,6 +22,7 @@ import numpy as np
 
 from nxrt.errors import KernelFailed
 from nxrt.kernel import attribute_values
+from nxrt_ep_cpu.compiling import compiled_kernel
 from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.host_parallel import HostParallel
+    from nxrt.kernel import Kernel
     from nxrt.provider import ExecutionProvider
 
 
@@ -582,19 +584,24 @@ def _is_constant(node: ir.Node, index: int) -> bool:
     return value is None or (value.const_value is not None and not value.is_graph_input())
 
 
-def _kernel(ep: ExecutionProvider, node: ir.Node, fn: Callable[..., Any]) -> CpuKernel:
-    """A recurrent node's kernel: ``fn`` with the node's attributes and a compiled loop."""
+def _kernel(ep: ExecutionProvider, node: ir.Node, fn: Callable[..., Any]) -> Kernel:
+    """A recurrent node's kernel: ``fn`` with the node's attributes and a compiled loop,
+    built through :func:`~nxrt_ep_cpu.compiling.compiled_kernel` (``fn`` alone, the numpy
+    reference, runs until then)."""
     weights = (1, 2, 3, 7) if node.op_type == "LSTM" else (1, 2, 3)
     attrs = attribute_values(node)
-    attrs["_recurrence"] = CompiledRecurrence(
-        ep.parallel, constant_weights=all(_is_constant(node, i) for i in weights)
-    )
-    return CpuKernel(
-        fn,
-        attrs,
-        variant="numba",
-        variant_reason="float32 loop compiled; other dtypes, Softplus, clip <= 0 in numpy",
-    )
+    constant = all(_is_constant(node, i) for i in weights)
+
+    def fast() -> CpuKernel:
+        recurrence = CompiledRecurrence(ep.parallel, constant_weights=constant)
+        return CpuKernel(
+            fn,
+            {**attrs, "_recurrence": recurrence},
+            variant="numba",
+            variant_reason="float32 loop compiled; other dtypes, Softplus, clip <= 0 in numpy",
+        )
+
+    return compiled_kernel(ep, node, fast, lambda: CpuKernel(fn, attrs))
 
 
 def _float_list(values) -> list[float] | None:
