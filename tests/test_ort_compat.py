@@ -903,3 +903,24 @@ def test_what_a_cpu_build_reports_it_lacks(rt):
     assert session(rt).get_tuning_results() == []
     defaults = capi(rt).get_default_session_options()
     assert defaults.graph_optimization_level == rt.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def test_dimensions_the_model_leaves_unnamed_are_none(rt):
+    # y's shape is inferred: its first dimension has no name (onnx calls it unk__0); a name
+    # the model itself gives, even one that looks generated, is kept
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["z"], ["w"])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", "unk__7"]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, None),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = rt.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert [i.shape for i in session.get_inputs()] == [[None, 3], ["batch", "unk__7"]]
+    assert [o.shape for o in session.get_outputs()] == [[None, 3], ["batch", "unk__7"]]

@@ -92,7 +92,7 @@ def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     _eye_like_as_cast(light.graph)
     inferred = _contained_types(for_checker, light)
     if inferred is not None:
-        _take_inferred_types(proto.graph, inferred)
+        _take_inferred_types(proto.graph, inferred, _dim_names(proto.graph))
     return proto
 
 
@@ -303,39 +303,53 @@ def _types_of(graph: onnx.GraphProto) -> onnx.GraphProto:
     return types
 
 
-def _take_inferred_types(graph: onnx.GraphProto, types: onnx.GraphProto) -> None:
+def _dim_names(graph: onnx.GraphProto) -> set[str]:
+    """The dimension names a graph's inputs and outputs give."""
+    return {
+        d.dim_param
+        for value in (*graph.input, *graph.output)
+        for d in value.type.tensor_type.shape.dim
+        if d.dim_param
+    }
+
+
+def _take_inferred_types(graph: onnx.GraphProto, types: onnx.GraphProto, names: set[str]) -> None:
     """Shape inference's ``value_info`` and output types (as :func:`_types_of` keeps them),
-    into ``graph`` and its subgraphs (inference adds those and changes nothing else)."""
+    into ``graph`` and its subgraphs (inference adds those and changes nothing else);
+    ``names`` are the model's own dimension names."""
     del graph.value_info[:]
     graph.value_info.extend(types.value_info)
     for output, typed in zip(graph.output, types.output):
-        _take_output_type(output.type, typed.type)
+        _take_output_type(output.type, typed.type, names)
     for typed_node in types.node:
         node = graph.node[int(typed_node.name)]
         attributes = {a.name: a for a in node.attribute}
         for typed in typed_node.attribute:
             attribute = attributes[typed.name]
             if attribute.type == onnx.AttributeProto.GRAPH:
-                _take_inferred_types(attribute.g, typed.g)
+                _take_inferred_types(attribute.g, typed.g, names)
             elif attribute.type == onnx.AttributeProto.GRAPHS:
                 for subgraph, typed_subgraph in zip(attribute.graphs, typed.graphs):
-                    _take_inferred_types(subgraph, typed_subgraph)
+                    _take_inferred_types(subgraph, typed_subgraph, names)
 
 
-def _take_output_type(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> None:
+def _take_output_type(declared: onnx.TypeProto, inferred: onnx.TypeProto, names: set[str]) -> None:
     """``inferred`` into ``declared``, but a dim the model leaves unnamed stays unnamed:
-    inference names each such dim of a graph output ``unk__<n>``, and ONNX Runtime reports
-    the model's own (``None``)."""
+    inference names each such dim of a graph output ``unk__<n>`` (unless it carries a
+    name of the model's, ``names``), and ONNX Runtime reports the model's own (``None``)."""
     before = [
         d.HasField("dim_value") or d.HasField("dim_param") for d in declared.tensor_type.shape.dim
     ]
-    had_shape = declared.tensor_type.HasField("shape")
+    if not declared.tensor_type.HasField("shape"):
+        before = []
     declared.CopyFrom(inferred)
     dims = declared.tensor_type.shape.dim
-    if not had_shape or len(dims) != len(before):
+    if before and len(dims) != len(before):
         return
-    for dim, named in zip(dims, before):
-        if not named and dim.dim_param.startswith("unk__"):
+    for index, dim in enumerate(dims):
+        named = before[index] if before else False
+        made_up = dim.dim_param.startswith("unk__") and dim.dim_param not in names
+        if not named and made_up:
             dim.ClearField("dim_param")
 
 
