@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import nxrt
+from logits import assert_close_with_logits, with_logits
 from nxrt.errors import InvalidArgument
 from nxrt.kernel import Kernel
 from nxrt.light_models import dummy_feeds, light_model_path
@@ -74,8 +75,10 @@ def _feeds(session) -> dict[str, np.ndarray]:
 
 MODELS = {
     "digits": lambda: DIGITS,
-    "squeezenet": lambda: light_model_path("squeezenet"),
-    "shufflenet": lambda: light_model_path("shufflenet"),
+    # with their softmax's logits as outputs: the probabilities of equal huge logits are
+    # ill-conditioned (tests/logits.py)
+    "squeezenet": lambda: with_logits(light_model_path("squeezenet")),
+    "shufflenet": lambda: with_logits(light_model_path("shufflenet")),
     **dict(warmup.small_models()),
 }
 
@@ -99,10 +102,13 @@ def test_a_node_gives_the_same_outputs_before_and_after_its_compiled_kernel_take
     errors = [k.error for k in tiered if isinstance(k, compiling.TieredKernel)]
     assert set(_tiers(session)) == {1}, [e for e in errors if e is not None]
     after = session.run(None, feeds)
-    light = name in ("squeezenet", "shufflenet")
     for got, want in zip(after, before[0], strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=1e-3 if light else 1e-4, atol=1e-4)
+    if name in ("squeezenet", "shufflenet"):
+        assert_close_with_logits(model, after, before[0])
+        return
+    for got, want in zip(after, before[0], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_wait_mode_returns_compiled_kernels_and_marks_them_in_the_cache(cold):

@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
+from logits import assert_close_with_logits, with_logits
 from nxrt.claims import claim_boundary
 from nxrt.epcontext import EpContext, build_ep_context_registry
 from nxrt.errors import EpLoadFailed, InvalidModel
@@ -520,59 +521,14 @@ def test_a_saved_context_runs_in_a_fresh_process(mlx_pm, tmp_path):
 # -- whole models ------------------------------------------------------------------------------
 
 
-def _with_logits(path: str) -> onnx.ModelProto:
-    """The model with the input of each Softmax that makes a graph output as an output too.
-
-    The light models' weights are constants (squeezenet's all 0.02), so with the backend
-    runner's input their 1000 logits are equal and large (squeezenet: 9.5e9, where a float32
-    ulp is 1024): softmax turns a one-ulp difference between two of them into exp(-1024) = 0
-    next to 1/992. A BLAS may round equal columns differently (OpenBLAS's Haswell/Zen sgemm
-    does, block by block of columns), as two implementations may round any value differently,
-    so the probabilities cannot be compared to ONNX Runtime's; the logits, and each EP's softmax
-    of its own logits, can (:func:`_assert_matches_onnxruntime`).
-    """
-    model = onnx.load(path)
-    outputs = {o.name for o in model.graph.output}
-    for node in model.graph.node:
-        if node.op_type == "Softmax" and node.output[0] in outputs and node.input[0] not in outputs:
-            logits = helper.make_tensor_value_info(node.input[0], TensorProto.FLOAT, None)
-            model.graph.output.append(logits)
-            outputs.add(node.input[0])
-    return model
-
-
-def _softmax(x: np.ndarray, node: onnx.NodeProto, opset: int) -> np.ndarray:
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1 if opset >= 13 else 1)
-    axis %= x.ndim
-    x = x.astype(np.float64)
-    flat = x.reshape(int(np.prod(x.shape[:axis])), -1) if opset < 13 else x
-    e = np.exp(flat - flat.max(axis=-1 if opset < 13 else axis, keepdims=True))
-    return (e / e.sum(axis=-1 if opset < 13 else axis, keepdims=True)).reshape(x.shape)
-
-
-def _assert_matches_onnxruntime(model: onnx.ModelProto, got: list, want: list) -> None:
-    """Everything but softmax probabilities close to ONNX Runtime; probabilities close to the
-    softmax of the EP's own logits (well-conditioned whatever the logits are)."""
-    names = [o.name for o in model.graph.output]
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    softmaxes = {n.output[0]: n for n in model.graph.node if n.op_type == "Softmax"}
-    for name, g, w in zip(names, got, want):
-        node = softmaxes.get(name)
-        if node is not None and node.input[0] in names:
-            logits = got[names.index(node.input[0])]
-            np.testing.assert_allclose(g, _softmax(logits, node, opset), rtol=1e-3, atol=1e-6)
-        else:
-            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=name)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_matches_onnxruntime(name):
-    model = _with_logits(light_model_path(name))
+    model = with_logits(light_model_path(name))
     data = model.SerializeToString()
     session = nxrt.InferenceSession(data, providers=["mlx", "cpu"])
     feeds = dummy_feeds(session)
-    _assert_matches_onnxruntime(model, session.run(None, feeds), _ort(model, feeds))
+    assert_close_with_logits(model, session.run(None, feeds), _ort(model, feeds))
     counts = session.get_partition().nodes_per_ep()
     assert counts["mlx"] > 0.9 * sum(counts.values()), counts
 
@@ -581,7 +537,7 @@ def test_light_model_matches_onnxruntime(name):
 def test_squeezenet_on_openblas_avx2_kernels_matches_onnxruntime(tmp_path):
     """The reported failure: squeezenet on an AVX2 CPU (AMD EPYC), where OpenBLAS runs its
     Haswell/Zen kernels. Forced here where the CPU has AVX2 (the default kernel elsewhere)."""
-    model = _with_logits(light_model_path("squeezenet"))
+    model = with_logits(light_model_path("squeezenet"))
     path = tmp_path / "squeezenet.onnx"
     onnx.save(model, str(path))
     code = (
@@ -610,7 +566,7 @@ def test_squeezenet_on_openblas_avx2_kernels_matches_onnxruntime(tmp_path):
     with np.load(tmp_path / "got.npz") as saved:
         got = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    _assert_matches_onnxruntime(model, got, _ort(str(path), dummy_feeds(session)))
+    assert_close_with_logits(model, got, _ort(str(path), dummy_feeds(session)))
 
 
 def transformer_block(seq=16, hidden=64, heads=4, ffn=128) -> onnx.ModelProto:
