@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -97,7 +97,7 @@ class KnownDifference:
     ops: tuple[str, ...]
     explanation: str
     situation: Callable[[onnx.NodeProto, Inputs], bool]
-    confirm: Callable[[Case, list[Any]], bool] = agrees_with_reference
+    confirm: Callable[[Case, list[Any] | str], bool] = agrees_with_reference
 
 
 def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def _explicit_pads_reference(case: Case, got: list[Any] | str) -> bool:
     node = model.graph.node[0]
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     inputs = [case.feeds.get(n, init.get(n)) if n else None for n in node.input]
-    x = inputs[0]
+    x = cast(np.ndarray, inputs[0])  # X: required
     upper = attrs_of(node)["auto_pad"] == b"SAME_UPPER"
     totals = [max(t, 0) for t in _same_totals(node, x, _weight(node, inputs))]
     begin = [t // 2 if upper else t - t // 2 for t in totals]
@@ -685,13 +685,21 @@ def _mvn_by_formula(case: Case, got: list[Any] | str) -> bool:
     axes = _mvn_axes(node, x)
     with np.errstate(all="ignore"):
         mean = np.mean(x, axis=axes, keepdims=True)
-        var = np.mean(x * x, axis=axes, keepdims=True) - mean * mean
+        square = np.mean(x * x, axis=axes, keepdims=True)
+        var = square - mean * mean
         want = (x - mean) / (np.sqrt(np.maximum(var, 0)) + 1e-9)
-    # the body's E[x^2] - E[x]^2 in the input's float32 cancels to rounding noise where the
-    # slice is nearly constant; then onnx.reference, which runs the body, confirms it
-    return not mismatch(got[0], want.astype(got[0].dtype), loose=4) or agrees_with_reference(
-        case, got
-    )
+    if not mismatch(got[0], want.astype(got[0].dtype), loose=4):
+        return True
+    # the body's E[x^2] - E[x]^2 in the input's type cancels to rounding noise where the
+    # slice's variance is within a few roundings of E[x^2]: any summation order gives
+    # another value there, so only the other slices must match the formula
+    rounding = float(np.finfo(got[0].dtype).eps) if got[0].dtype.kind == "f" else 0.0
+    noisy = np.broadcast_to(var <= 64 * rounding * np.abs(square), x.shape)
+    if noisy.any() and not mismatch(
+        np.where(noisy, 0, got[0]), np.where(noisy, 0, want).astype(got[0].dtype), loose=4
+    ):
+        return bool(np.isfinite(got[0][noisy]).all())
+    return agrees_with_reference(case, got)
 
 
 def _resize_reference(case: Case, got: list[Any] | str) -> bool:
@@ -722,11 +730,22 @@ def _log_sum_exp_of_integers(case: Case, got: list[Any] | str) -> bool:
     if not axes and a.get("noop_with_empty_axes", 0):
         return not mismatch(got[0], x)
     axis = tuple(axes) if axes else None
+    wide = x.astype(np.float64)
     with np.errstate(all="ignore"):
-        want = np.log(np.sum(np.exp(x.astype(np.float64)), axis=axis, keepdims=keep))
         if node.op_type == "ReduceLogSum":
-            want = np.log(np.sum(x.astype(np.float64), axis=axis, keepdims=keep))
+            want = np.log(np.sum(wide, axis=axis, keepdims=keep))
+        elif wide.size == 0:
+            want = np.log(np.sum(np.exp(wide), axis=axis, keepdims=keep))
+        else:  # exactly, without exp overflowing: large integers have exp(x) = inf
+            shift = np.max(wide, axis=axis, keepdims=True)
+            want = np.log(np.sum(np.exp(wide - shift), axis=axis, keepdims=True)) + shift
+            if not keep:
+                want = want.reshape(np.sum(wide, axis=axis, keepdims=False).shape)
     return not mismatch(got[0], np.trunc(want).astype(x.dtype))
+
+
+def _double_input(node: onnx.NodeProto, inputs: Inputs) -> bool:
+    return bool(inputs) and inputs[0] is not None and inputs[0].dtype == np.float64
 
 
 def _double_output(node: onnx.NodeProto, inputs: Inputs) -> bool:
@@ -837,6 +856,14 @@ KNOWN: list[KnownDifference] = [
         "integer on the way, so log(sum(exp(x))) comes out too small",
         _integers,
         _log_sum_exp_of_integers,
+    ),
+    KnownDifference(
+        "shrink-float64-through-float",
+        ("Shrink",),
+        "a float64 Shrink: nxrt computes x - bias or x + bias in float64, as onnx.reference "
+        "does; onnxruntime goes through float32, rounding every value to float32 and "
+        "values beyond float32's range to infinity",
+        _double_input,
     ),
     KnownDifference(
         "window-float64-precision",
@@ -1033,7 +1060,7 @@ KNOWN: list[KnownDifference] = [
 ]
 
 
-def known_difference(case: Case, got: list[Any]) -> str:
+def known_difference(case: Case, got: list[Any] | str) -> str:
     """The id and explanation of the entry that covers this one-node case ('' if none)."""
     nodes = list(case.model.graph.node)
     if len(nodes) != 1:
