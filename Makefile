@@ -1,6 +1,7 @@
 # Two commands set everything up: `make run` and `make test`.
 # `make test-fast` skips the slow tests (pip installs, the EP kit, conformance suites, real
-# models); `make lint` is ruff check and ruff format --check over the repository.
+# models); `make lint` is ruff check and ruff format --check over the repository, then mypy
+# over core and the four plugin packages.
 # `make test-avx2` runs the kernel, conformance and determinism tests again with numba and
 # OpenBLAS forced to AVX2 code (what an AVX2-only CPU runs, built on any x86-64 that has
 # AVX2); `make test-no-omp` runs them without numba's OpenMP layer and without a system
@@ -38,6 +39,8 @@ test-no-omp: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy core/nxrt plugins/cpu/nxrt_ep_cpu plugins/mlx/nxrt_ep_mlx \
+		plugins/legacy_abi/nxrt_ep_legacy_abi plugins/openvino/nxrt_ep_openvino
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_light.py --models light_resnet50

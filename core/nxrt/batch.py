@@ -34,6 +34,7 @@ import os
 import shutil
 import tempfile
 import time
+import typing
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -580,7 +581,8 @@ class Predictor:
                 if all(isinstance(d, int) for d in arg.shape[1:]):
                     from nxrt.model import numpy_dtype_of
 
-                    self.output_specs[arg.name] = (numpy_dtype_of(arg.type), tuple(arg.shape[1:]))
+                    dims = typing.cast("tuple[int, ...]", tuple(arg.shape[1:]))  # all int: checked
+                    self.output_specs[arg.name] = (numpy_dtype_of(arg.type), dims)
         self._plan: dict[str, tuple[str, ...]] | None = None
         self._planned_for: tuple[str, ...] = ()
 

@@ -22,7 +22,7 @@ on its own and among the claims of other EPs.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -129,7 +129,7 @@ def group_claims(
         base = {groups.find(g) for p in preds for g in reached_by[p]}
         mine: int | None = None
         if id(node) in supported_ids:
-            candidates = {groups.find(group_of[p]) for p in preds if group_of[p] is not None}
+            candidates = {groups.find(g) for p in preds if (g := group_of[p]) is not None}
             for g in sorted(candidates - base):
                 if mine is None:
                     mine = g
@@ -143,15 +143,17 @@ def group_claims(
             groups.outside[mine] |= base
         reach = set(base)
         for p in preds:
-            if group_of[p] is not None:
-                g = groups.find(group_of[p])
+            group = group_of[p]
+            if group is not None:
+                g = groups.find(group)
                 if g != mine:
                     reach.add(g)
         reached_by[i] = reach
     members: dict[int, list[ir.Node]] = {}
     for i, node in enumerate(graph_nodes):
-        if group_of[i] is not None:
-            members.setdefault(groups.find(group_of[i]), []).append(node)
+        group = group_of[i]
+        if group is not None:
+            members.setdefault(groups.find(group), []).append(node)
     return list(members.values())
 
 
@@ -250,6 +252,7 @@ def standalone_model(
         if not is_weight(value):
             continue
         tensor = value.const_value
+        assert tensor is not None  # is_weight
         if external_threshold is not None and tensor.nbytes >= external_threshold:
             array = tensor.numpy()
             if isinstance(array, np.ndarray) and array.dtype.kind in "biuf":
@@ -281,10 +284,11 @@ def _in_memory_tensor(name: str, value: ir.Value) -> onnx.TensorProto:
     import onnx
 
     tensor = value.const_value
+    assert tensor is not None  # a weight's
     proto = onnx.TensorProto()
     proto.name = name
     proto.data_type = int(tensor.dtype)
-    proto.dims.extend(int(d) for d in tensor.shape)
+    proto.dims.extend(int(d) for d in cast("Sequence[int]", tensor.shape))
     proto.data_location = onnx.TensorProto.EXTERNAL
     entry = proto.external_data.add()
     entry.key, entry.value = "location", IN_MEMORY_LOCATION

@@ -11,9 +11,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from nxrt.errors import EpLoadFailed
 
 DEFAULT_MODEL = "digits_cnn.onnx"
 DEFAULT_DATA = "digits_test.npz"
@@ -81,7 +84,9 @@ def providers_info(details: bool = True) -> dict[str, Any]:
         for name, info in sorted(pm.plugin_info.items())
         if pm.has_plugin(name)
     ]
-    failures = [{"path": f.path, "reason": f.reason} for f in host.failures]
+    # registration and capabilities record load failures alone
+    load_failures = cast("list[EpLoadFailed]", host.failures)
+    failures = [{"path": f.path, "reason": f.reason} for f in load_failures]
     return {"plugins": plugins, "providers": eps, "failed": failures}
 
 
@@ -405,7 +410,9 @@ def cmd_check_ep(args: argparse.Namespace) -> int:
         if descriptor is None:
             print(f"nxrt: EP {args.ep!r} is not installed (see `nxrt providers`)", file=sys.stderr)
             return 1
-        excluded = package_exclusions(pm.get_plugin(descriptor.plugin).__name__)
+        plugin = pm.get_plugin(descriptor.plugin)
+        assert plugin is not None  # its registry entry came from it
+        excluded = package_exclusions(plugin.__name__)
     from nxrt.conformance import run_cases
 
     runs = [args.ep] + ([] if args.no_compare else [ORT])
@@ -454,6 +461,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     except NxrtError as exc:
         print(f"nxrt: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    rows: list[tuple[str, str, int | str, str]]
     rows = [(name, ep, nodes, "EPContext") for name, ep, nodes in report.saved]
     rows += [(name, ep, "-", f"left as nodes: {why}") for name, ep, why in report.not_saved]
     if rows:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import onnx
 from onnx import helper
@@ -73,7 +73,7 @@ def compile_model(
             report.not_saved.append((claim.name, ep.id, "the EP does not save contexts"))
             continue
         node = _context_node(context, claim.name, output, embed_mode, report)
-        firsts = [n.outputs[0].name for n in claim.nodes]
+        firsts = [cast(str, n.outputs[0].name) for n in claim.nodes]
         replaced[firsts[0]] = node
         claimed.update(firsts)
         report.saved.append((claim.name, ep.id, len(claim.nodes)))

@@ -203,7 +203,9 @@ def test_epcontext_round_trip(ep_id: str, tmp_path: Any) -> None:
 
 def test_conformance_case(ep_id: str, conformance_case: str) -> None:
     descriptor = _descriptor(ep_id)
-    module = _host().pm.get_plugin(descriptor.plugin).__name__
+    plugin = _host().pm.get_plugin(descriptor.plugin)
+    assert plugin is not None  # its registry entry came from it
+    module = plugin.__name__
     excluded = package_exclusions(module)
     result = _conformance(ep_id)[conformance_case]
     check_case(conformance_case, result, excluded)

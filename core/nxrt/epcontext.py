@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from nxrt.errors import DuplicateContextSource, InvalidModel, NoEpForContext, UnsupportedContext
 from nxrt.registry import EpDescriptor
@@ -92,7 +92,7 @@ def read_context(node: ir.Node, base_dir: str | None) -> EpContext:
     stay inside the model's folder (no absolute path, no ``..``, no symlink
     out of it).
     """
-    name = _attribute(node, "partition_name", "") or node.name
+    name = cast(str, _attribute(node, "partition_name", "") or node.name)
     blob = _attribute(node, "ep_cache_context", b"")
     blob = blob.encode("utf-8") if isinstance(blob, str) else bytes(blob)
     embed_mode = int(_attribute(node, "embed_mode", 1))
@@ -111,8 +111,8 @@ def read_context(node: ir.Node, base_dir: str | None) -> EpContext:
         partition_name=name,
         notes=str(_attribute(node, "notes", "")),
         max_size=int(_attribute(node, "max_size", 0)),
-        inputs=[v.name if v is not None else "" for v in node.inputs],
-        outputs=[v.name for v in node.outputs],
+        inputs=[cast(str, v.name) if v is not None else "" for v in node.inputs],
+        outputs=[cast(str, v.name) for v in node.outputs],
     )
 
 

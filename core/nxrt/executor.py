@@ -44,7 +44,7 @@ class Step:
     device: str = "cpu"
     frees: list[int] = field(default_factory=list)
     flops: int = 0
-    bytes: int = 0
+    bytes: float = 0
 
 
 class CopyKernel(Kernel):
@@ -83,7 +83,7 @@ def _failure(step: Step, exc: BaseException) -> NxrtError:
     if isinstance(exc, OutOfMemory):  # stays itself: callers catch it to retry smaller
         if exc.where:
             return exc
-        error = OutOfMemory(
+        error: NxrtError = OutOfMemory(
             exc.requested, exc.available, f"node '{step.name}' ({step.op_type}) on EP '{step.ep}'"
         )
         error.__cause__ = exc
@@ -157,13 +157,13 @@ class Plan:
         else:
             index = 0
             try:
-                for call, inputs, outputs, frees, index in self._fast:  # noqa: B007
+                for call, inputs, out_slots, frees, index in self._fast:  # noqa: B007
                     results = call(*inputs(values))
                     if isinstance(results, tuple):
-                        for slot, result in zip(outputs, results):
+                        for slot, result in zip(out_slots, results):
                             values[slot] = result
                     else:
-                        values[outputs[0]] = results
+                        values[out_slots[0]] = results
                     for slot in frees:
                         values[slot] = None
             except Exception as exc:  # noqa: BLE001 - translated into an nxrt error

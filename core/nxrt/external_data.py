@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -296,7 +296,7 @@ def validate_external_tensor(
         raise _refuse(
             name, location, f"{dtype.name} tensors cannot be stored externally", "embed it"
         )
-    shape = tuple(int(d) for d in tensor.shape)
+    shape = tuple(int(d) for d in cast("Collection[int]", tensor.shape))  # a tensor's: concrete
     expected = storage_bytes(dtype, shape)
     offset = 0 if tensor.offset is None else int(tensor.offset)
     length = expected if tensor.length is None else int(tensor.length)

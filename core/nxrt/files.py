@@ -6,7 +6,7 @@ import os
 import tempfile
 
 
-def write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes | bytearray) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename in the same folder.
 
     A crash or a full disk leaves either the old file or the new one, never a

@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -158,11 +158,13 @@ def register_plugin(pm: pluggy.PluginManager, plugin: object, name: str) -> None
 def trace_hooks(pm: pluggy.PluginManager) -> None:
     """Print every hook call to stderr (``NXRT_TRACE_HOOKS=1``)."""
 
-    def before(hook_name: str, impls: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         names = [impl.plugin_name for impl in impls]
         print(f"nxrt hook {hook_name}({kwargs}) -> {names}", file=sys.stderr)
 
-    def after(outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def after(
+        outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> None:
         print(f"nxrt hook {hook_name} returned {outcome.get_result()!r}", file=sys.stderr)
 
     pm.add_hookcall_monitoring(before, after)
@@ -214,10 +216,11 @@ class Host:
             try:
                 self._caller("nxrt_register", name)(registry=registrar)
                 for descriptor in registrar.staged:
-                    if registry.resolve(descriptor.id) is not None:
-                        owner = registry.resolve(descriptor.id).plugin
+                    existing = registry.resolve(descriptor.id)
+                    if existing is not None:
                         raise ValueError(
-                            f"EP id {descriptor.id!r} is already provided by plugin {owner!r}"
+                            f"EP id {descriptor.id!r} is already provided by plugin "
+                            f"{existing.plugin!r}"
                         )
             except Exception as exc:  # noqa: BLE001
                 self._fail(name, exc)

@@ -46,7 +46,8 @@ def _pointer_array(
     dtype = element_dtype(element_type)
     count = int(np.prod([int(d) for d in shape], dtype=np.int64))
     memory = (ctypes.c_char * (count * dtype.itemsize)).from_address(int(buffer_ptr))
-    return np.frombuffer(memory, dtype).reshape([int(d) for d in shape])
+    # numpy's stub leaves out ctypes arrays, which export the buffer protocol
+    return np.frombuffer(memory, dtype).reshape([int(d) for d in shape])  # type: ignore[call-overload]
 
 
 class IOBinding:

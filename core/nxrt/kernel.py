@@ -30,7 +30,7 @@ class Cost:
     """Estimated work of one kernel call: arithmetic and memory traffic."""
 
     flops: int = 0
-    bytes: int = 0
+    bytes: float = 0  # a float where estimated from ``ir.DataType.itemsize``
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.flops + other.flops, self.bytes + other.bytes)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
@@ -521,7 +521,7 @@ def _schema_since(node: ir.Node, version: int) -> int | None:
 
 def validate_graph(graph: ir.Graph) -> None:
     """Refuse duplicate producers, dangling inputs and cycles; sort when needed."""
-    produced: dict[str, str] = {}
+    produced: dict[str | None, str] = {}
     for value in [*graph.inputs, *graph.initializers.values()]:
         produced[value.name] = "graph input"
     for node in graph:
@@ -580,7 +580,7 @@ def opset_of(model: ir.Model, domain: str) -> int:
 
 
 #: ONNX elem type -> ONNX Runtime's type string, e.g. ``tensor(float)``.
-_TYPE_NAMES = {
+_TYPE_NAMES: dict[int, str] = {
     onnx.TensorProto.FLOAT: "float",
     onnx.TensorProto.DOUBLE: "double",
 }
@@ -593,7 +593,7 @@ def type_string(elem_type: int) -> str:
     return f"tensor({name})"
 
 
-def type_string_of(value_type: object) -> str:
+def type_string_of(value_type: Any) -> str:
     """ONNX Runtime's type string of an ``onnx_ir`` type: ``seq(tensor(float))``,
     ``seq(map(int64,tensor(float)))`` and so on."""
     if isinstance(value_type, MapType):
@@ -619,4 +619,4 @@ def numpy_dtype(elem_type: int) -> np.dtype:
 
 
 def value_names(values: Iterable[ir.Value | None]) -> list[str]:
-    return [v.name if v is not None else "" for v in values]
+    return [cast(str, v.name) if v is not None else "" for v in values]

@@ -12,7 +12,7 @@ is still one nxrt can plan.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -81,7 +81,7 @@ class FoldConstants(ir.passes.InPlacePass):
                     folded = new_initializer(graph, value.name, array)
                     value.replace_all_uses_with(folded, replace_graph_outputs=True)
             graph.remove(node, safe=True)
-            self.folded.append((node.name, node.op_type))
+            self.folded.append((cast(str, node.name), node.op_type))
         return ir.passes.PassResult(model, bool(self.folded))
 
 

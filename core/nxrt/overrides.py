@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from onnx import numpy_helper
@@ -88,8 +88,13 @@ def override_free_dimensions(
     sizes = dict(sizes)
     for value in values:  # a denoted dimension's name is that dimension everywhere
         for i, dim in enumerate(value.shape or ()):
-            mark = value.shape.get_denotation(i)
-            if isinstance(dim, ir.SymbolicDim) and dim.value and mark in denotations:
+            mark = cast(ir.Shape, value.shape).get_denotation(i)
+            if (
+                isinstance(dim, ir.SymbolicDim)
+                and dim.value
+                and mark is not None
+                and mark in denotations
+            ):
                 sizes.setdefault(dim.value, denotations[mark])
     for value in values:
         shape = value.shape
@@ -100,7 +105,7 @@ def override_free_dimensions(
         for dim, mark in zip(shape, marks):
             if isinstance(dim, ir.SymbolicDim) and dim.value in sizes:
                 dim = sizes[dim.value]
-            elif not isinstance(dim, int) and mark in denotations:
+            elif not isinstance(dim, int) and mark is not None and mark in denotations:
                 dim = denotations[mark]
             dims.append(dim)
         value.shape = ir.Shape(dims, denotations=marks)
@@ -197,7 +202,9 @@ def save_optimized(
     data = bytearray()
     for tensor in proto.graph.initializer:
         if tensor.data_location == tensor.EXTERNAL:  # weights mapped from a file: their bytes
-            array = model.graph.initializers[tensor.name].const_value.numpy()
+            weight = model.graph.initializers[tensor.name].const_value
+            assert weight is not None  # an initializer's
+            array = weight.numpy()
             tensor.ClearField("external_data")
             tensor.data_location = tensor.DEFAULT
             tensor.raw_data = np.ascontiguousarray(array).tobytes()

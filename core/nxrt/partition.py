@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from nxrt.claims import claim_boundary, node_inputs
 from nxrt.errors import InvalidPlacement, NoEpForNodes
@@ -191,7 +191,7 @@ def partition(
 
     unplaced = [
         (
-            node.name,
+            cast(str, node.name),
             node.domain or "ai.onnx",
             node.op_type,
             opset_of(model, node.domain),
@@ -206,9 +206,9 @@ def partition(
         claim_index = node_claim[i]
         report.nodes.append(
             NodePlacement(
-                node.name,
+                cast(str, node.name),
                 node.op_type,
-                node_ep[i],
+                cast(str, node_ep[i]),  # all placed: unplaced nodes raised above
                 claim=report.claims[claim_index].name if claim_index is not None else "",
                 refusals=refusals[i],
                 match=matches[i],

@@ -50,7 +50,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -70,7 +70,7 @@ from nxrt.host import Host, NxrtPluginManager
 from nxrt.host_parallel import HostParallel
 from nxrt.kernel import Kernel, SubgraphClaim
 from nxrt.memory import parse_bytes
-from nxrt.model import load_model, opset_of
+from nxrt.model import load_model, opset_of, value_names
 from nxrt.optimizer import fold_constants, run_passes
 from nxrt.overrides import (
     override_free_dimensions,
@@ -89,7 +89,7 @@ if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-    from nxrt.registry import EpDescriptor, EpRegistry
+    from nxrt.registry import EpDescriptor, EpRegistry, KernelEntry
     from nxrt.selection import Candidate, EpInfo
     from nxrt.weight import ExecutionProviderCapabilities, WeightHandle
 
@@ -303,7 +303,7 @@ def optimize(loaded: LoadedModel, providers: Providers, host: Host) -> Optimizat
         try:
             fused = run_passes(trial, passes)
         except Exception as exc:  # noqa: BLE001 - the plugin's pass, isolated
-            root = exc
+            root: BaseException = exc
             while root.__cause__ is not None:  # the pass manager wraps the pass's own error
                 root = root.__cause__
             host.hook_failed(exc, ep=first.id, cause=f"optimizer pass failed: {root!r}")
@@ -333,7 +333,8 @@ def evaluate_constant(
             continue
         inputs = [constant_array(v.const_value) if v is not None else None for v in node.inputs]
         try:
-            return list(ep.create_kernel(node, match.entry).compute(inputs))
+            entry = cast("KernelEntry", match.entry)  # the host fills it in on a match
+            return list(ep.create_kernel(node, entry).compute(inputs))
         except Exception:  # noqa: BLE001 - left in the plan, so it fails at run time
             return None
     return None
@@ -373,8 +374,8 @@ def load_contexts(
             ep.id,
             [node],
             name=context.partition_name,
-            inputs=[v.name if v is not None else "" for v in node.inputs],
-            outputs=[v.name for v in node.outputs],
+            inputs=value_names(node.inputs),
+            outputs=value_names(node.outputs),
             kernel=kernel,
         )
     return loaded_claims
@@ -443,7 +444,7 @@ def plan(
             array = array.view()
             array.flags.writeable = False
         constants[slot(name)] = array
-    input_slots = {name: slot(name) for name in [*(v.name for v in graph.inputs), *implicit]}
+    input_slots = {name: slot(name) for name in [*value_names(graph.inputs), *implicit]}
     location = {name: "cpu" for name in slots}  # device holding each value
     copies: dict[tuple[str, str], int] = {}
     steps: list[Step] = []
@@ -476,7 +477,8 @@ def plan(
         node = nodes[i]
         ep = eps[placement.node_ep[i]]
         claim_index = placement.node_claim[i]
-        flops = bytes_ = 0
+        flops = 0
+        bytes_: float = 0
         if claim_index is not None:
             if claim_index in compiled:
                 continue
@@ -486,12 +488,13 @@ def plan(
             ins, outs, name, op_type = claim.inputs, claim.outputs, claim.name, "Subgraph"
         else:
             match = placement.matches[i]
-            ins = [v.name if v is not None else "" for v in node.inputs]
+            assert match is not None  # a node placed alone has its match
+            ins = value_names(node.inputs)
             outer = implicit_inputs(node) if subgraphs_of(node) else []
             make = _node_maker(node, ep, match.entry, len(ins), outer)
             ins = ins + outer
-            outs = [v.name for v in node.outputs]
-            name, op_type = node.name, node.op_type
+            outs = value_names(node.outputs)
+            name, op_type = cast(str, node.name), node.op_type
             if match.cost is not None:
                 flops, bytes_ = match.cost.flops, match.cost.bytes
         step = Step(
@@ -504,7 +507,7 @@ def plan(
             if out:
                 location[out] = ep.device_type
                 producers[out] = ep
-    output_slots = {v.name: slot(v.name) for v in graph.outputs}
+    output_slots = {name: slot(name) for name in value_names(graph.outputs)}
     output_hosts = {
         name: producers[name] for name in output_slots if location.get(name, "cpu") != "cpu"
     }
@@ -663,7 +666,7 @@ class _Built:
 
     def __init__(self, state: SessionState) -> None:
         self.state = state
-        self.outputs = [v.name for v in state.loaded.model.graph.outputs]
+        self.outputs = value_names(state.loaded.model.graph.outputs)
 
     def run(self, feeds: dict[str, Any]) -> None:
         plan = self.state.plan
@@ -873,9 +876,7 @@ def build(
         placement = partition(loaded.model, providers.eps, host, graph=graph)
         outer = outer_names(graph)
         sub_plan = instantiate(plan(loaded, providers, placement, graph, outer))
-        return Subgraph(
-            sub_plan, [v.name for v in graph.inputs], [v.name for v in graph.outputs], outer
-        )
+        return Subgraph(sub_plan, value_names(graph.inputs), value_names(graph.outputs), outer)
 
     for ep, _ in providers.eps:
         ep.subgraph_compiler = compile_subgraph

@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from nxrt.kernel import Cost, KernelMatch
 
@@ -199,7 +199,7 @@ class OpRegistry:
 def estimate_cost(node: ir.Node) -> Cost:
     """A generic cost: one flop per output element, bytes of every known tensor."""
     flops = 0
-    traffic = 0
+    traffic: float = 0
     for value, is_output in [(v, False) for v in node.inputs] + [(v, True) for v in node.outputs]:
         if value is None or value.shape is None or value.dtype is None:
             continue
@@ -207,7 +207,7 @@ def estimate_cost(node: ir.Node) -> Cost:
             continue
         count = 1
         for dim in value.shape:
-            count *= dim
+            count *= cast(int, dim)
         try:
             traffic += count * value.dtype.itemsize
         except TypeError:  # strings have no fixed size: count elements only

@@ -220,7 +220,8 @@ class ResidencyPlan:
 class ResidencyPolicy(Protocol):
     """Plans residency for a set of expert groups under a budget."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def plan(self, policy_input: ResidencyPolicyInput) -> ResidencyPlan: ...
 
@@ -309,10 +310,11 @@ class StaticProfileResidencyPolicy:
             key=lambda g: (-self.profile[g.expert], g.bank, g.expert),
         )
         if budget is None:
+            kept: dict[GroupKey, EvictionClass]
             kept = dict.fromkeys((g.key for g in hot), EvictionClass.PROFILED)
             return _plan(policy_input, kept, (), self.name)
         room = budget - self.stream_slots * policy_input.largest
-        kept: dict[GroupKey, EvictionClass] = {}
+        kept = {}
         used = 0
         for group in hot:
             if used + group.nbytes <= room:

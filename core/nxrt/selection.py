@@ -66,7 +66,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -210,7 +210,7 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
 
 def check_shapes(inputs: Sequence[ir.Value], shapes: Mapping[str, Sequence[int]]) -> None:
     """Refuse ``shapes`` that name no input, or disagree with an input's rank or fixed dims."""
-    by_name = {value.name: value for value in inputs}
+    by_name = {cast(str, value.name): value for value in inputs}
     for name, shape in shapes.items():
         value = by_name.get(name)
         if value is None:
@@ -235,10 +235,11 @@ def feed_shapes(
     symbolic dims from ``dims`` (else 1). A non-tensor input is an ``InvalidArgument``."""
     result: dict[str, tuple[int, ...]] = {}
     for value in inputs:
+        name = cast(str, value.name)  # graph inputs are named
         if type(value.type).__name__ != "TensorType" or value.dtype is None:
-            raise InvalidArgument(f"input {value.name!r} is not a tensor of known type")
-        if shapes and value.name in shapes:
-            result[value.name] = tuple(int(d) for d in shapes[value.name])
+            raise InvalidArgument(f"input {name!r} is not a tensor of known type")
+        if shapes and name in shapes:
+            result[name] = tuple(int(d) for d in shapes[name])
             continue
         shape = []
         for dim in value.shape or ():
@@ -246,7 +247,7 @@ def feed_shapes(
                 shape.append(dim)
             else:
                 shape.append(int(dims.get(str(getattr(dim, "value", dim)), 1)))
-        result[value.name] = tuple(shape)
+        result[name] = tuple(shape)
     return result
 
 
@@ -264,18 +265,19 @@ def synthesize_feeds(
     feeds: dict[str, Any] = {}
     resolved = feed_shapes(inputs, dims, shapes)
     for value in inputs:
-        shape = resolved[value.name]
-        dtype = numpy_dtype(int(value.dtype))
+        name = cast(str, value.name)  # graph inputs are named
+        shape = resolved[name]
+        dtype = numpy_dtype(int(cast("ir.DataType", value.dtype)))  # checked by feed_shapes
         if dtype.kind == "f":
-            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
-            feeds[value.name] = rng.integers(0, 2, shape).astype(dtype)
+            feeds[name] = rng.integers(0, 2, shape).astype(dtype)
         elif dtype.kind == "b":
-            feeds[value.name] = rng.integers(0, 2, shape).astype(bool)
+            feeds[name] = rng.integers(0, 2, shape).astype(bool)
         elif dtype.kind in "OSU":  # text: a short word per element
-            feeds[value.name] = np.full(shape, "text", dtype=object)
+            feeds[name] = np.full(shape, "text", dtype=object)
         else:
-            raise InvalidArgument(f"cannot make a feed of {dtype} for input {value.name!r}")
+            raise InvalidArgument(f"cannot make a feed of {dtype} for input {name!r}")
     return feeds
 
 

@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
@@ -351,7 +351,7 @@ def _describe_values(values: Sequence[ir.Value]) -> list[NodeArg]:
             shape = [
                 d if isinstance(d, int) else (d.value if d.value else None) for d in value.shape
             ]
-        args.append(NodeArg(value.name, shape, type_string_of(value.type)))
+        args.append(NodeArg(cast(str, value.name), shape, type_string_of(value.type)))
     return args
 
 
@@ -931,7 +931,7 @@ class InferenceSession:
             raise InvalidArgument(
                 f"unknown input name(s) {unknown}; the model's inputs are {self._describe_inputs()}"
             )
-        feeds = {}
+        feeds: dict[str, Any] = {}
         plain = self._plain_inputs
         for name, value in input_feed.items():
             spec = plain.get(name)
@@ -955,7 +955,8 @@ class InferenceSession:
             value_info = self._input_dtypes.get(name)
             kind = type(value_info.type).__name__ if value_info is not None else "TensorType"
             if kind == "OptionalType" and value is not None:
-                kind = type(value_info.type.elem_type).__name__
+                assert value_info is not None  # kind comes from it
+                kind = type(cast("ir.OptionalType", value_info.type).elem_type).__name__
             if value_info is not None and is_map_type(value_info.type):
                 feeds[name] = map_feed(name, value, value_info.type)  # dicts, as ORT takes them
                 continue

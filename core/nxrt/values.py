@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx
@@ -115,7 +115,7 @@ def restore_map_types(graph: ir.Graph, hidden: HiddenTypes) -> None:
         return
     if hidden.types:
         for value in _values(graph):
-            proto = hidden.types.get(value.name)
+            proto = hidden.types.get(value.name) if value.name is not None else None
             if proto is not None:
                 value.type = ir_type(proto)
     for subgraph, nested in zip(_ir_subgraphs(graph), hidden.nested):
@@ -172,7 +172,8 @@ def map_feed(name: str, value: Any, value_type: Any) -> dict | list[dict]:
                 f"{type(value).__name__}"
             )
         return [
-            _one_map(f"{name}[{i}]", item, value_type.elem_type) for i, item in enumerate(value)
+            _one_map(f"{name}[{i}]", item, cast(MapType, value_type.elem_type))
+            for i, item in enumerate(value)
         ]
     return _one_map(name, value, value_type)
 
@@ -347,9 +348,10 @@ def _output_type(
     for position, formal_in in enumerate(schema.inputs):
         if formal_in.type_str != type_str:
             continue
+        # onnx's stub of FormalParameterOption leaves out the enum's name
         names = (
             node.input[position:]
-            if formal_in.option.name == "Variadic"
+            if formal_in.option.name == "Variadic"  # type: ignore[attr-defined]
             else node.input[position : position + 1]
         )
         for name in names:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -118,7 +118,7 @@ def negotiate_weights(
                 for i, _ in candidate.consumers
             }
             if len(owners) == 1 and None not in owners:
-                ep_id = owners.pop()
+                ep_id = cast(str, owners.pop())
                 if eps[ep_id].device_type == "cpu":
                     caps = capabilities.get(ep_id, stock)
         constants[name] = delivered(handle.negotiate(caps))

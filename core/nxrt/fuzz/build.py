@@ -131,10 +131,6 @@ class Builder:
     def maybe(self, p: float = 0.5) -> bool:
         return bool(self.rng.random() < p)
 
-    def int(self, lo: int, hi: int) -> int:
-        """An integer in ``[lo, hi]``, both ends included."""
-        return int(self.rng.integers(lo, hi + 1))
-
     def dim(self, lo: int = 1, hi: int = 5) -> int:
         """A dimension, often 1 (broadcasting, squeezing) and now and then 0 when ``lo`` is 0."""
         if lo == 0 and self.maybe(0.05):
@@ -305,6 +301,11 @@ class Builder:
 
     def value(self, name: str) -> np.ndarray:
         return self.values[name]
+
+    # last in the class: an annotation below it would name this method, not the builtin
+    def int(self, lo: int, hi: int) -> int:
+        """An integer in ``[lo, hi]``, both ends included."""
+        return int(self.rng.integers(lo, hi + 1))
 
 
 def _type_str(dtype: np.dtype) -> str:

@@ -46,7 +46,8 @@ class Case:
         arrays |= {f"out.{k}": _storable(v) for k, v in self.expected.items()}
         arrays[NOTE_KEY] = np.array(self.note)
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, **arrays)
+        # mypy checks the arrays unpacked by ** against savez_compressed's allow_pickle: bool
+        np.savez_compressed(buffer, **arrays)  # type: ignore[arg-type]
         tmp = f"{path}.tmp"
         with open(tmp, "wb") as f:
             f.write(buffer.getvalue())

@@ -54,7 +54,9 @@ def ort_ops() -> frozenset[str]:
     functions = {
         s.name
         for s in onnx.defs.get_all_schemas()
-        if s.domain in ("", "ai.onnx") and (s.has_function or s.has_context_dependent_function)
+        if s.domain in ("", "ai.onnx")
+        # onnx's stub leaves out these two properties of OpSchema
+        and (s.has_function or s.has_context_dependent_function)  # type: ignore[attr-defined]
     }
     return frozenset(kernels | functions)
 

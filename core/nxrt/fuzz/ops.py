@@ -39,7 +39,11 @@ def gen(*ops: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         for op in ops:
-            GENERATORS[op] = lambda b, _op=op, _fn=fn: _fn(b, _op)
+
+            def generator(b: Builder, _op: str = op, _fn: Callable[..., Any] = fn) -> Any:
+                return _fn(b, _op)
+
+            GENERATORS[op] = generator
         return fn
 
     return register
@@ -772,7 +776,7 @@ def scatter_elements(b: Builder, op: str) -> onnx.NodeProto:
         idx = b.rng.integers(-shape[axis], shape[axis], idx_shape)
     indices = b.param(op, 1, idx.astype(b.choice(b.types(op, 1))), None)
     updates = b.like(value.dtype, idx_shape)
-    attrs = {"reduction": None if reduction == "none" and b.maybe() else reduction}
+    attrs: dict[str, Any] = {"reduction": None if reduction == "none" and b.maybe() else reduction}
     if version < 16:
         attrs = {}
     return b.node(op, [x, indices, updates], axis=axis if axis or b.maybe() else None, **attrs)
@@ -798,7 +802,7 @@ def scatter_nd(b: Builder, op: str) -> onnx.NodeProto:
     if b.maybe(0.3) and count:
         idx = idx.reshape(1, count, k)
     updates = b.like(value.dtype, (*idx.shape[:-1], *shape[k:]))
-    attrs = {"reduction": None if reduction == "none" and b.maybe() else reduction}
+    attrs: dict[str, Any] = {"reduction": None if reduction == "none" and b.maybe() else reduction}
     return b.node(op, [x, b.param(op, 1, idx), updates], **(attrs if version >= 16 else {}))
 
 
@@ -849,6 +853,7 @@ def tfidf_vectorizer(b: Builder, op: str) -> onnx.NodeProto:
     pool_values: list = list(WORDS[1:6]) if strings else list(range(1, 6))
     min_gram = b.int(1, 2)
     max_gram = b.int(min_gram, 3)
+    pool: list[Any]
     pool, counts, next_index = [], [], 0
     for n in range(1, max_gram + 1):
         counts.append(len(pool))
@@ -960,7 +965,7 @@ def center_crop_pad(b: Builder, op: str) -> onnx.NodeProto:
     )
 
 
-def loss_inputs(b: Builder, op: str) -> tuple[list[str], int]:
+def loss_inputs(b: Builder, op: str) -> tuple[list[str], int | None]:
     """Scores ``(N, C, d...)`` and integer targets ``(N, d...)`` (some ``ignore_index``)."""
     dtype = b.choice(b.types(op))
     n, c = b.dim(hi=3), b.int(1, 4)

@@ -354,7 +354,7 @@ def roi_align(b: Builder, op: str) -> onnx.NodeProto:
     boxes = np.concatenate([corners.min(1), corners.max(1)], axis=1)
     if rois and b.maybe(0.15):  # a box given upside down, or of no size
         boxes[0] = boxes[0][[2, 3, 0, 1]] if b.maybe() else boxes[0][[0, 1, 0, 1]]
-    attrs = {
+    attrs: dict = {
         "mode": None if b.maybe(0.4) else b.choice(["avg", "max"]),
         "output_height": None if b.maybe(0.3) else b.int(1, 4),
         "output_width": None if b.maybe(0.3) else b.int(1, 4),
@@ -705,7 +705,7 @@ def dft(b: Builder, op: str) -> onnx.NodeProto:
     inputs = [x]
     if b.maybe(0.4):
         inputs.append(b.param(op, 1, b.int(1, 9), b.choice([I32, I64])))
-    attrs = {"inverse": inverse, "onesided": onesided}
+    attrs: dict = {"inverse": inverse, "onesided": onesided}
     if version >= 20:
         if b.maybe(0.5):
             inputs += [""] * (2 - len(inputs))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -61,7 +61,7 @@ class FuseConvBatchNorm(ir.passes.InPlacePass):
 
     def __init__(self) -> None:
         super().__init__()
-        self.fused: list[tuple[str, str]] = []
+        self.fused: list[tuple[str | None, str | None]] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
@@ -114,7 +114,7 @@ def _batch_norm_affine(bn: ir.Node) -> tuple[np.ndarray, np.ndarray] | None:
     params = [_constant(v) for v in bn.inputs[1:5]]
     if (spatial is not None and not spatial.value) or any(p is None for p in params):
         return None
-    scale, bias, mean, var = (p.astype(np.float64) for p in params)
+    scale, bias, mean, var = (cast(np.ndarray, p).astype(np.float64) for p in params)
     epsilon = bn.attributes["epsilon"].value if "epsilon" in bn.attributes else 1e-5
     factor = scale / np.sqrt(var + epsilon)
     if factor.ndim != 1:
@@ -147,7 +147,7 @@ def _static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
     shape = value.shape if value is not None else None
     if shape is None or not all(isinstance(d, int) for d in shape):
         return None
-    return tuple(shape)
+    return cast("tuple[int, ...]", tuple(shape))
 
 
 def _activation(node: ir.Node) -> tuple[str, list[float]] | None:
@@ -408,7 +408,8 @@ def _half_product(
         return [user, times], times.outputs[0]
     producer = other.producer() if other is not None else None  # (x * 0.5) * (1 + f)
     if (
-        producer is None
+        other is None
+        or producer is None
         or not _standard(producer, "Mul")
         or _only_user(other, graph) is not user
         or _other_input(producer, value) is None
@@ -476,7 +477,7 @@ class FoldChannelAffine(ir.passes.InPlacePass):
 
     def __init__(self) -> None:
         super().__init__()
-        self.fused: list[tuple[str, str]] = []
+        self.fused: list[tuple[str | None, str | None]] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
@@ -518,6 +519,7 @@ class FoldChannelAffine(ir.passes.InPlacePass):
                 continue
             stem = node.name or node.op_type.lower()
             if node.op_type == "Conv":
+                assert weights is not None  # checked for a Conv above
                 view = (-1,) + (1,) * (rank - 1)
                 new_w = (weights * scale.reshape(view)).astype(weights.dtype)
                 base = bias.astype(np.float64) if bias is not None else 0.0
@@ -528,8 +530,9 @@ class FoldChannelAffine(ir.passes.InPlacePass):
                     _new_initializer(graph, f"{stem}_affine_b", new_b),
                 )
             else:
+                assert affine is not None  # not a Conv: a BatchNormalization
                 factor, offset = affine
-                dtype = _constant(node.inputs[1]).dtype
+                dtype = cast(np.ndarray, _constant(node.inputs[1])).dtype  # a constant scale
                 new = [
                     factor * scale,
                     offset * scale + shift,
@@ -568,7 +571,7 @@ class FoldPreActivation(ir.passes.InPlacePass):
 
     def __init__(self) -> None:
         super().__init__()
-        self.fused: list[tuple[str, str]] = []
+        self.fused: list[tuple[str | None, str | None]] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
@@ -586,7 +589,7 @@ class FoldPreActivation(ir.passes.InPlacePass):
             weights, (known, conv_bias), x = (
                 _constant(conv.inputs[1]),
                 _conv_bias(conv),
-                bn.inputs[0],
+                cast(ir.Value, bn.inputs[0]),  # X: required
             )
             if weights is None or weights.ndim < 3 or not known:
                 continue
@@ -629,7 +632,7 @@ class _FusingPass(ir.passes.InPlacePass):
     def __init__(self, supports: Callable[[str, str], bool] | None) -> None:
         super().__init__()
         self.supports = supports
-        self.fused: list[tuple[str, str]] = []
+        self.fused: list[tuple[str | None, str | None]] = []
 
     def has(self, op_type: str) -> bool:
         return self.supports is not None and self.supports(FUSED_DOMAIN, op_type)
@@ -750,7 +753,9 @@ def _channel_scale(mul: ir.Node) -> tuple[ir.Value, ir.Value] | None:
     value per channel (``[N or 1, C, 1, ...]``) of the same dtype; ``None`` otherwise."""
     for x, scale in (mul.inputs, reversed(mul.inputs)):
         shape, per = _static_shape(x), _static_shape(scale)
-        if shape is None or per is None or len(shape) < 3 or len(per) != len(shape):
+        if x is None or scale is None or shape is None or per is None:
+            continue
+        if len(shape) < 3 or len(per) != len(shape):
             continue
         if x.dtype != scale.dtype or shape != _static_shape(mul.outputs[0]):
             continue
@@ -784,7 +789,7 @@ class FuseMatMulAdd(_FusingPass):
             other = add.inputs[1] if add.inputs[0] is matmul.outputs[0] else add.inputs[0]
             bias = _constant(other)
             n = weights.shape[1]
-            if bias is None or bias.size != n or bias.dtype != weights.dtype:
+            if other is None or bias is None or bias.size != n or bias.dtype != weights.dtype:
                 continue
             if bias.ndim > 1 and bias.shape[-1] != n:
                 continue
@@ -845,7 +850,7 @@ class TransposeGemmWeights(ir.passes.InPlacePass):
 
     def __init__(self) -> None:
         super().__init__()
-        self.transposed: list[str] = []
+        self.transposed: list[str | None] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph
@@ -868,7 +873,7 @@ class TransposeGemmWeights(ir.passes.InPlacePass):
             transposed = _new_initializer(graph, f"{weights.name}_t", np.ascontiguousarray(array.T))
             gemm.replace_input_with(1, transposed)
             gemm.attributes["transB"] = ir.AttrInt64("transB", 0)
-            graph.initializers.pop(weights.name)
+            graph.initializers.pop(cast(str, weights.name))  # an initializer's: named
             self.transposed.append(gemm.name)
         return ir.passes.PassResult(model, bool(self.transposed))
 
@@ -897,7 +902,10 @@ def cpu_passes(ep: ExecutionProvider) -> list[ir.passes.PassBase]:
         entry = ep.ops.lookup(node.domain, node.op_type, opset) if ep.ops is not None else None
         if entry is None:
             return None
-        inputs = [v.const_value.numpy() if v is not None else None for v in node.inputs]
+        inputs = [  # the inputs of a node folded are constants
+            cast("ir.TensorProtocol", v.const_value).numpy() if v is not None else None
+            for v in node.inputs
+        ]
         try:
             return list(CpuKernel(entry.fn, attribute_values(node)).compute(inputs))
         except Exception:  # noqa: BLE001 - left in the graph, to fail (or run) at run time

@@ -21,7 +21,7 @@ chains whose intermediate values nothing else reads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -39,7 +39,7 @@ Supports = Callable[[str, str], bool]
 Evaluate = Callable[[ir.Node, int], "list[Any] | None"]
 
 
-def _standard(node: ir.Node | None, *op_types: str) -> bool:
+def _standard(node: ir.Node | None, *op_types: str) -> TypeGuard[ir.Node]:
     return node is not None and node.op_type in op_types and node.domain in _STANDARD
 
 
@@ -61,7 +61,7 @@ class _Quantized:
 
     def __init__(self, node: ir.Node) -> None:
         self.node = node
-        self.value = node.inputs[0]
+        self.value = cast(ir.Value, node.inputs[0])  # x: required
         self.scale = node.inputs[1]
         self.zero = node.inputs[2] if len(node.inputs) > 2 else None
         self.axis = _attr(node, "axis", 1)
@@ -178,7 +178,7 @@ class _QuantPass(ir.passes.InPlacePass):
     def __init__(self, supports: Supports | None) -> None:
         super().__init__()
         self.supports = supports
-        self.fused: list[tuple[str, str]] = []
+        self.fused: list[tuple[str | None, str | None]] = []
 
     def has(self, domain: str, op_type: str) -> bool:
         return self.supports is not None and self.supports(domain, op_type)
@@ -212,14 +212,15 @@ def _zero_input(graph: ir.Graph, q: _Quantized, stem: str) -> ir.Value:
     """``q``'s zero point, or a constant zero of its integers' type where it has none."""
     if q.zero is not None:
         return q.zero
-    return _new_initializer(graph, f"{stem}_zero_point", q.zero_array())
+    zeros = cast(np.ndarray, q.zero_array())  # zeros of its type: there is no zero point
+    return _new_initializer(graph, f"{stem}_zero_point", zeros)
 
 
 def _shape_of(value: ir.Value | None) -> tuple[int, ...] | None:
     shape = value.shape if value is not None else None
     if shape is None or not all(isinstance(d, int) for d in shape):
         return None
-    return tuple(shape)
+    return cast("tuple[int, ...]", tuple(shape))
 
 
 class FoldQdqConv(_QuantPass):
@@ -235,14 +236,20 @@ class FoldQdqConv(_QuantPass):
             x = _dequantized(conv.inputs[0], graph)
             wq = _dequantized(conv.inputs[1], graph)
             weights = _weights(wq, 0)
-            if x is None or weights is None or not _per_tensor(x) or weights[0].ndim != 4:
+            if (
+                x is None
+                or wq is None
+                or weights is None
+                or not _per_tensor(x)
+                or weights[0].ndim != 4
+            ):
                 continue
             tail = _output_quantizer(conv.outputs[0], graph)
             if tail is None:
                 continue
             passed, q = tail
             w, w_scale, _ = weights
-            x_scale = np.float32(x.scale_array().reshape(()))
+            x_scale = np.float32(cast(np.ndarray, x.scale_array()).reshape(()))  # per tensor
             ok, bias = _int_bias(
                 conv.inputs[2] if len(conv.inputs) > 2 else None,
                 graph,
@@ -277,7 +284,13 @@ class FoldQdqMatMul(_QuantPass):
             a = _dequantized(matmul.inputs[0], graph)
             bq = _dequantized(matmul.inputs[1], graph)
             weights = _weights(bq, 1)
-            if a is None or weights is None or not _per_tensor(a) or weights[0].ndim != 2:
+            if (
+                a is None
+                or bq is None
+                or weights is None
+                or not _per_tensor(a)
+                or weights[0].ndim != 2
+            ):
                 continue
             stem = matmul.name or "matmul"
             tail = _output_quantizer(matmul.outputs[0], graph)
@@ -288,6 +301,7 @@ class FoldQdqMatMul(_QuantPass):
             a_zero = _zero_input(graph, a, f"{stem}_a")
             b_zero = _zero_input(graph, bq, f"{stem}_b")
             if to_integer:
+                assert tail is not None  # to_integer
                 q = tail[1]
                 inputs = [a.value, a.scale, a_zero, bq.value, bq.scale, b_zero, q.inputs[1],
                           q.inputs[2]]  # fmt: skip
@@ -320,11 +334,17 @@ class FoldQdqGemm(_QuantPass):
             a = _dequantized(gemm.inputs[0], graph)
             bq = _dequantized(gemm.inputs[1], graph)
             weights = _weights(bq, 0 if trans_b else 1)
-            if a is None or weights is None or not _per_tensor(a) or weights[0].ndim != 2:
+            if (
+                a is None
+                or bq is None
+                or weights is None
+                or not _per_tensor(a)
+                or weights[0].ndim != 2
+            ):
                 continue
             b, b_scale, _ = weights
             n = b.shape[0] if trans_b else b.shape[1]
-            a_scale = np.float32(a.scale_array().reshape(()))
+            a_scale = np.float32(cast(np.ndarray, a.scale_array()).reshape(()))  # per tensor
             c = gemm.inputs[2] if len(gemm.inputs) > 2 else None
             c_shape = _shape_of(c)
             if c is not None and (c_shape is None or int(np.prod(c_shape)) != n):
@@ -382,7 +402,7 @@ class FoldQdqAdd(_QuantPass):
                 continue
             user = _only_user(add.outputs[0], graph)
             relu = _standard(user, "Relu")
-            q = _only_user(user.outputs[0], graph) if relu else user
+            q = _only_user(cast(ir.Node, user).outputs[0], graph) if relu else user
             if not _standard(q, "QuantizeLinear") or _attr(q, "block_size", 0):
                 continue
             scale = _constant(q.inputs[1])
@@ -397,7 +417,7 @@ class FoldQdqAdd(_QuantPass):
             fused = ir.Node(NXRT_DOMAIN, "QuantizedAdd", inputs, [ir.AttrInt64("relu", int(relu))],
                             num_outputs=1, version=1, name=stem)  # fmt: skip
             model.opset_imports.setdefault(NXRT_DOMAIN, 1)
-            chain = [add, user, q] if relu else [add, q]
+            chain = [add, cast(ir.Node, user), q] if relu else [add, q]
             self.replace(graph, chain, fused, q.outputs[0], [a, b])
         return ir.passes.PassResult(model, bool(self.fused))
 
@@ -432,6 +452,7 @@ class FoldQdqMovement(_QuantPass):
             if scale is None or zero is None or _attr(q, "output_dtype", 0):
                 continue
             x_scale, x_zero = x.scale_array(), x.zero_array()
+            assert x_scale is not None and x_zero is not None  # per tensor
             if scale.dtype != x_scale.dtype or zero.dtype != x_zero.dtype:
                 continue
             if scale.size != 1 or zero.size != 1:
@@ -501,7 +522,7 @@ class FoldDequantizedConstants(ir.passes.InPlacePass):
     def __init__(self, evaluate: Evaluate) -> None:
         super().__init__()
         self.evaluate = evaluate
-        self.folded: list[str] = []
+        self.folded: list[str | None] = []
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         graph = model.graph

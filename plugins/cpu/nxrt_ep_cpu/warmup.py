@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -90,7 +90,8 @@ def catalogue() -> list[Entry]:
     from nxrt.light_models import LIGHT_MODELS, light_model_path
 
     entries: list[Entry] = [
-        (name, lambda name=name: light_model_path(name))
+        # cast: mypy cannot infer a lambda that binds a default
+        (name, cast(Callable[[], Any], lambda name=name: light_model_path(name)))
         for name in LIGHT_MODELS
         if os.path.exists(light_model_path(name))
     ]
@@ -153,7 +154,7 @@ def _w(*shape: int) -> np.ndarray:
 def _activations() -> onnx.ModelProto:
     from onnx import helper
 
-    chain = [
+    chain: list[tuple[str, dict[str, Any]]] = [
         ("Relu", {}),
         ("Sigmoid", {}),
         ("LeakyRelu", {"alpha": 0.1}),

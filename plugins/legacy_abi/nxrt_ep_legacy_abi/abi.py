@@ -65,7 +65,8 @@ def _raw_to_numpy(value: Any, dtype: np.dtype) -> np.ndarray:
     if not count:
         return np.empty(shape, dtype)
     buffer = (ctypes.c_uint8 * count).from_address(value.data_ptr())
-    return np.frombuffer(buffer, np.uint8).copy().view(dtype).reshape(shape)
+    # numpy's stub leaves out ctypes arrays, which export the buffer protocol
+    return np.frombuffer(buffer, np.uint8).copy().view(dtype).reshape(shape)  # type: ignore[call-overload]
 
 
 class PluginExecutionPlan:

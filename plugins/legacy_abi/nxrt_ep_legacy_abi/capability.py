@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from nxrt.claims import captured_values, nested_graphs
 from nxrt.model import type_string_of
@@ -172,7 +172,8 @@ class OrtCapability:
         if depth > 3:
             return None
         try:
-            schema = onnx.defs.get_schema(node.op_type, opset, domain)
+            # Any: onnx's stub of OpSchema leaves out its function_* members
+            schema: Any = onnx.defs.get_schema(node.op_type, opset, domain)
             static = [v for v in schema.function_opset_versions if v <= opset]
             dependent = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
             if static:
@@ -183,7 +184,7 @@ class OrtCapability:
                 if any(v is not None and _type_of(v) is None for v in node.inputs):
                     return None
                 types = [
-                    ir.serde.serialize_type(v.type).SerializeToString()
+                    ir.serde.serialize_type(cast(ir.TypeProtocol, v.type)).SerializeToString()
                     if v is not None
                     else onnx.TypeProto().SerializeToString()
                     for v in node.inputs

@@ -15,7 +15,7 @@ one fails (``EpLoadFailed``) only when a session asks for it.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import nxrt
 from nxrt.weight import ExecutionProviderCapabilities
@@ -27,9 +27,10 @@ if TYPE_CHECKING:
     from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
     from nxrt.provider import ExecutionProvider
     from nxrt.registry import Registrar
+    from nxrt_ep_legacy_abi.provider import LegacyOrtEp
 
 
-def _ours(ep: ExecutionProvider) -> bool:
+def _ours(ep: ExecutionProvider) -> TypeGuard[LegacyOrtEp]:
     from nxrt_ep_legacy_abi.provider import LegacyOrtEp
 
     return isinstance(ep, LegacyOrtEp)

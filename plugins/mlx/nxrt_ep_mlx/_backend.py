@@ -43,6 +43,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 #: Where Debian and Ubuntu install the pthread build of OpenBLAS.
 OPENBLAS_PATHS = (
@@ -299,4 +300,7 @@ class LazyMlx:
         return getattr(module, name)
 
 
-mx = LazyMlx()
+if TYPE_CHECKING:
+    import mlx.core as mx
+else:
+    mx = LazyMlx()

@@ -16,7 +16,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -93,7 +93,9 @@ class Program:
         for node in nodes:
             entry = lookup(node, node_opset(node, opsets))
             if entry is None:  # claims hold supported nodes only
-                raise KernelFailed(f"no mlx translator for {node.op_type}", node=node.name)
+                raise KernelFailed(
+                    f"no mlx translator for {node.op_type}", node=cast(str, node.name)
+                )
             attrs = attribute_values(node)
             if N_OUTPUTS in entry.attributes:
                 attrs[N_OUTPUTS] = len(node.outputs)
@@ -118,7 +120,7 @@ class Program:
                         static[i] = prepared[key]
                 else:
                     dynamic.append((i, name, prepare))
-            outputs = [v.name for v in node.outputs]
+            outputs = [cast(str, v.name) for v in node.outputs]
             if known:
                 results = _call(entry.fn, static, attrs)
                 mx.eval(*results)
@@ -127,7 +129,9 @@ class Program:
                         self.constants[name] = result
                 self.folded += 1
             else:
-                self.steps.append(_Step(entry.fn, attrs, static, dynamic, outputs, node.name))
+                self.steps.append(
+                    _Step(entry.fn, attrs, static, dynamic, outputs, cast(str, node.name))
+                )
 
     @property
     def dynamic_outputs(self) -> list[str]:
@@ -248,7 +252,8 @@ class MlxKernel(Kernel):
                         "saving its EPContext so the shapes are known"
                     )
                 shape = self.last_shapes[k]
-            arrays.append(mx.zeros(shape, dtype=_mx_dtype(dtype)))
+            dims = cast("tuple[int, ...]", shape)  # no symbolic dim left
+            arrays.append(mx.zeros(dims, dtype=_mx_dtype(dtype)))
         return arrays
 
     def export(self) -> bytes:
@@ -269,7 +274,8 @@ class ImportedKernel(Kernel):
             path = os.path.join(folder, "claim.mlxfn")
             with open(path, "wb") as f:
                 f.write(blob)
-            self._fn = mx.import_function(path)
+            # a function, not (function, metadata): return_metadata is off
+            self._fn = cast(Callable[..., Any], mx.import_function(path))
         self.device = device
         self.to_host = to_host
         self._lock = threading.Lock()

@@ -26,7 +26,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import onnx_ir as ir
@@ -598,7 +598,7 @@ def _bind_weights(converted: Any, external: Mapping[str, np.ndarray]) -> None:
 def probe_claim(node: ir.Node, graph: ir.Graph) -> SubgraphClaim:
     """One node as a claim of its own: its Constant producers come along, its other
     inputs (and outer values its subgraphs read) are the claim's inputs."""
-    constants = []
+    constants: list[ir.Node] = []
     for value in node.inputs:
         producer = constant_producer(value) if value is not None else None
         if producer is not None and all(producer is not c for c in constants):
@@ -609,7 +609,7 @@ def probe_claim(node: ir.Node, graph: ir.Graph) -> SubgraphClaim:
     for value in [*node.inputs, *captured_values(node)] if node.attributes else node.inputs:
         if value is not None and value.name and value.name not in made and value.name not in names:
             names.append(value.name)
-    outputs = [v.name for v in node.outputs if is_used(v)]
+    outputs = [cast(str, v.name) for v in node.outputs if is_used(v)]
     claim.inputs = names
     claim.outputs = outputs or [v.name for v in node.outputs if v.name][:1]
     return claim

@@ -400,6 +400,7 @@ class Activation:
             first, stop = piece
             loop(src[first:stop], dst[first:stop], a, b)
 
+        assert parallel is not None  # parts above 1 are its threads
         parallel.map(work, _ranges(n, parts, _ALIGN))
         return y
 
@@ -451,6 +452,7 @@ def _each_row(loops, y, bias, a, b, cost_ns: float, parallel: HostParallel | Non
     if parts <= 1:
         loop(y, bias, a, b, 0, rows)
         return
+    assert parallel is not None  # parts above 1 are its threads
     parallel.map(lambda piece: loop(y, bias, a, b, *piece), _ranges(rows, parts, 1))
 
 

@@ -67,6 +67,7 @@ def run_rows(
     """
     team = split_team(parallel, values) if split is not None and rows > 1 else 1
     if team > 1:
+        assert split is not None  # a team only where split is given
         size_team(team)
         split(bounds(rows, team))
         return

@@ -155,7 +155,8 @@ def _works(gemm: Gemm) -> bool:
     for dtype in (np.float32, np.float64):
         a, b = rng.standard_normal((3, 5)).astype(dtype), rng.standard_normal((5, 4)).astype(dtype)
         c = np.ones((3, 4), dtype)
-        if not gemm(a, b, c, 1.0) or not np.allclose(c, a @ b + 1, rtol=1e-5, atol=1e-5):
+        # numpy's stub loses the float dtype of astype(dtype) over a tuple of scalar types
+        if not gemm(a, b, c, 1.0) or not np.allclose(c, a @ b + 1, rtol=1e-5, atol=1e-5):  # type: ignore[operator]
             return False
     return True
 

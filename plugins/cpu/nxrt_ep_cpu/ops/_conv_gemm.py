@@ -64,7 +64,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 
@@ -300,7 +300,8 @@ def _scaled(
 def _static_shapes(node: ir.Node) -> tuple[tuple[int, ...], tuple[int, ...], np.dtype] | None:
     """Input and weight shapes and the dtype, when shape inference fixed them all."""
     try:
-        x, w = node.inputs[0], node.inputs[1]
+        # Any: an absent input, shape or dtype raises, and is caught below
+        x, w = cast(Any, node.inputs[0]), cast(Any, node.inputs[1])
         shapes = [tuple(v.shape) for v in (x, w)]
         if not all(isinstance(d, int) for shape in shapes for d in shape):
             return None
@@ -338,7 +339,7 @@ def _clamp(name: str, params: Sequence[float]) -> tuple[float, float] | None:
     if name == "Clip":
         lo, hi = (*params, -np.inf, np.inf)[:2]
         info = np.finfo(np.float32)
-        return float(max(lo, info.min)), float(min(hi, info.max))
+        return float(max(lo, float(info.min))), float(min(hi, float(info.max)))
     return None
 
 
@@ -432,9 +433,9 @@ class GemmPlan:
     """
 
     #: The name the trace records.
-    variant: ClassVar[str] = ""
+    variant: str = ""
     #: Whether the variant reads the input through a zero-padded :class:`_Layout`.
-    padded: ClassVar[bool] = True
+    padded: bool = True
     #: Whether the variant's work is split across the session's pool (else BLAS threads).
     splits: ClassVar[bool] = False
     #: Whether the variant runs numba's loops only (never in the numpy tier).
@@ -482,6 +483,7 @@ class GemmPlan:
 
     @property
     def _widths(self) -> tuple[int, int]:
+        assert self.layout is not None  # a padded variant's
         return self.layout.wq, self.layout.wo
 
     # -- weights, prepared once per weight array ------------------------------------------------
@@ -548,6 +550,7 @@ class GemmPlan:
 
     def _each(self, work: Work) -> None:
         if self.split and len(self.chunks) > 1:
+            assert self.parallel is not None  # a split runs on the pool
             self.parallel.map(work, self.chunks)
         else:
             for chunk in self.chunks:
@@ -662,6 +665,7 @@ class Pointwise(GemmPlan):
         """The register-tiled kernel: ``out = act(w @ x + b + z)`` per image in one pass
         (``scale``: one image's channel scale, applied to the packed weights)."""
         tiles = self.tiles
+        assert tiles is not None  # run tiled only when tiles were made
         if self.strided:
             if self.one_d:
                 x = x[:, :, None, :]
@@ -1253,6 +1257,7 @@ class Direct(GemmPlan):
             else:
                 work(range(self.items))
         elif len(self.ranges) > 1:
+            assert self.parallel is not None  # several ranges: split for the pool
             self.parallel.map(work, self.ranges)
         else:
             work(range(self.items))
@@ -1402,6 +1407,7 @@ class Depthwise(GemmPlan):
 
     def work(self, src, wp, out, b, z, act) -> Work:
         layout, c, taps = self.layout, self.m, self.taps
+        assert layout is not None  # a padded variant's
         wq, wo = layout.wq, layout.wo
 
         def work(chunk: Chunk) -> None:
@@ -1445,6 +1451,7 @@ class Im2col(GemmPlan):
 
     def __init__(self, shape: ConvShape, reason: str, kernel: ConvKernel) -> None:
         super().__init__(shape, reason, kernel)
+        assert self.layout is not None  # padded until the columns move to numba below
         n, pixels = shape.x[0], self.layout.ho * self.layout.wo
         k = self.taps * self.cg
         self.images = _images_per_band(n, pixels, k + self.m)
@@ -1496,6 +1503,7 @@ class Im2col(GemmPlan):
             self.taps,
             *self._widths,
         )
+        assert layout is not None  # a padded variant's
         band = self._band((taps * cg + self.m) * wo, wo)
 
         def work(chunk: Chunk) -> None:
@@ -1516,7 +1524,7 @@ class Im2col(GemmPlan):
                 acc = (
                     out[i].reshape(g, mg, size)
                     if whole
-                    else scratch[: self.m * size].reshape(g, mg, size)
+                    else cast(np.ndarray, scratch)[: self.m * size].reshape(g, mg, size)
                 )
                 valid = acc.reshape(self.m, e - a, wo)
                 beta = _prefill(valid, b, None if z is None else z[i, :, a:e])
@@ -1539,6 +1547,7 @@ class Im2col(GemmPlan):
             self.taps,
             *self._widths,
         )
+        assert layout is not None  # a padded variant's
         ho, n, m = layout.ho, self.x_shape[0], self.m
         count = self.images * ho * wo
         key = ("conv-image-grid", g, taps, cg, mg, count, self.dtype)
@@ -1573,6 +1582,7 @@ class Im2col(GemmPlan):
     def _jit_images_work(self, x, wp, out, b, z, act) -> Work:
         """:meth:`_images_work` with the columns packed straight from the input and the
         product moved out, bias, residual and Relu/Clip in the same pass, in numba."""
+        assert self.jit is not None  # called only when the columns move in numba
         image_columns, columns_to_images = self.jit
         g, cg, mg, taps, m = self.group, self.cg, self.mg, self.taps, self.m
         n, (ho, wo) = self.x_shape[0], self.out_shape[2:]
@@ -1633,6 +1643,7 @@ class Taps(GemmPlan):
     def work(self, src, wp, out, b, z, act) -> Work:
         relu = self.relu and act is not None
         layout, g, cg, m, wq, wo = self.layout, self.group, self.cg, self.m, *self._widths
+        assert layout is not None  # a padded variant's
         band = self._band(m * wq, wq)
 
         def work(chunk: Chunk) -> None:
@@ -1774,8 +1785,7 @@ def _gemm(
                 gemm(a[j], b[j], c[j], beta, parts, threads)
             return
     macs = a[0].size * b.shape[-1]
-    direct = GEMM is not None and macs >= _DIRECT_MACS
-    if direct and GEMM(a[0], b[0], c[0], beta):
+    if GEMM is not None and macs >= _DIRECT_MACS and GEMM(a[0], b[0], c[0], beta):
         for j in range(1, groups):
             GEMM(a[j], b[j], c[j], beta)
     elif beta:

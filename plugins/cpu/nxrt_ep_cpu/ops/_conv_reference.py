@@ -110,4 +110,5 @@ def _depthwise(x: np.ndarray, w: np.ndarray, win: Windows) -> np.ndarray:
         else:
             np.multiply(view, weights[i], out=scratch)
             y += scratch
+    assert y is not None  # a kernel has at least one tap
     return y

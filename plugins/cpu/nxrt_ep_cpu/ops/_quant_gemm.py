@@ -45,7 +45,9 @@ _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127)}
 _SPLIT_MACS = 1 << 24
 
 
-def multiplier(a_scale: np.ndarray, b_scale: np.ndarray, y_scale: np.ndarray) -> np.ndarray:
+def multiplier(
+    a_scale: np.ndarray, b_scale: np.ndarray, y_scale: np.ndarray | np.floating
+) -> np.ndarray:
     """``float32(a_scale * b_scale) / y_scale`` in float32: the requantization factor."""
     f32 = np.float32
     return (np.asarray(a_scale, f32) * np.asarray(b_scale, f32) / np.asarray(y_scale, f32)).astype(
@@ -660,6 +662,9 @@ def _per_tensor_param(scale: np.ndarray, zero: np.ndarray | None) -> bool:
 class _Elementwise(CpuKernel):
     """A per-tensor quantization op in one compiled pass; the numpy kernel for the rest."""
 
+    #: The compiled op, defined by each subclass.
+    run: Callable[..., Any]
+
     def __init__(self, fn, attrs) -> None:
         super().__init__(fn, attrs, variant="numba", variant_reason="per tensor, one pass")
         from nxrt_ep_cpu.jit import qgemm
@@ -764,7 +769,9 @@ def _reason() -> str:
     return f"int32 accumulation on {qgemm.level()}"
 
 
-def integer_kernel(ep: ExecutionProvider, node: ir.Node, cls: type, fn: Callable[..., Any]) -> Any:
+def integer_kernel(
+    ep: ExecutionProvider, node: ir.Node, cls: type[Any], fn: Callable[..., Any]
+) -> Any:
     """The kernel of an integer op (the registered ``factory=``): ``cls``, compiled in the
     background through ``compiling.compiled_kernel``, the numpy ``fn`` until then."""
     attrs = attribute_values(node)

@@ -8,7 +8,7 @@ subgraphs read from enclosing graphs are supplied by core.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -62,7 +62,7 @@ def _loop_kernel(ep: ExecutionProvider, node: ir.Node) -> CpuKernel:
         dims = value.shape.dims if value.shape is not None else None
         if dims is None or not all(isinstance(d, int) for d in dims):
             dims = ()  # unknown: an empty 1-D array
-        empty.append(np.empty((0, *dims), dtype=dtype))
+        empty.append(np.empty((0, *cast("tuple[int, ...]", dims)), dtype=dtype))  # all int
     return CpuKernel(loop, {**attrs, "_empty_scans": empty})
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops._spatial import windows
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import onnx_ir as ir
 
 
@@ -38,7 +40,8 @@ def conv_cost(node: ir.Node) -> Cost:
     dims = [v.shape if v is not None else None for v in (w, node.outputs[0])]
     if any(d is None or not all(isinstance(k, int) for k in d) for d in dims):
         return base
-    return Cost(2 * math.prod(dims[1]) * math.prod(dims[0][1:]), base.bytes)
+    known = cast("list[Sequence[int]]", dims)  # every dim an int: checked above
+    return Cost(2 * math.prod(known[1]) * math.prod(known[0][1:]), base.bytes)
 
 
 @op("Conv", since=(1, 11, 22), cost=conv_cost, factory=ConvKernel.create)

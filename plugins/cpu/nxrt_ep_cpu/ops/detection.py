@@ -324,7 +324,9 @@ def _roi_align(
     return out.astype(x.dtype)
 
 
-def _samples(start: float, bin_size: float, bins: int, grid: int, size: int):
+def _samples(
+    start: float, bin_size: float, bins: int, grid: int, size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Sample positions along one axis, ``(bins*grid)`` each: low/high taps, their weights
     (0 for a sample outside the input) and whether the sample lies inside."""
     pos = (

@@ -278,7 +278,7 @@ def unique(
         first, counts, inverse = first[order], counts[order], rank[inverse]
         y = np.take(source, first, axis=take_axis)
     as_int = [np.asarray(a, dtype=np.int64) for a in (first, inverse, counts)]
-    return (y, *as_int)
+    return y, as_int[0], as_int[1], as_int[2]
 
 
 @op("TopK", since=1)

@@ -9,7 +9,7 @@ TreeEnsemble here, is ``ml_tree_walk``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -309,9 +309,9 @@ class EnsemblePlan:
         elif self.aggregate == "AVERAGE":
             out = total / self.forest.n_trees if self.forest.n_trees else total
         elif self.aggregate == "MIN":
-            out = np.where(seen, low, float(np.finfo(x.dtype).max))
-        else:
-            out = np.where(seen, high, float(np.finfo(x.dtype).min))
+            out = np.where(seen, cast(np.ndarray, low), float(np.finfo(x.dtype).max))
+        else:  # MAX: with MIN, the aggregates that have extremes
+            out = np.where(seen, cast(np.ndarray, high), float(np.finfo(x.dtype).min))
         return transform(out, self.post).astype(x.dtype)
 
 

@@ -8,6 +8,8 @@ Runtime's, so converted scikit-learn models give its labels and scores.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 
 from nxrt.errors import KernelFailed
@@ -38,7 +40,7 @@ def _coefficient_rows(coefficients, rows: int | None, features: int, op_name: st
     return coef.reshape(rows, features)
 
 
-def _binary_labels(labels: np.ndarray) -> tuple[object, object]:
+def _binary_labels(labels: np.ndarray) -> tuple[Any, Any]:
     """(negative, positive) labels of a one-score classifier: the two given, else 0 and 1."""
     if len(labels) == 2:
         return labels[0], labels[1]
@@ -267,11 +269,13 @@ def svm_classifier(
     maxclass = np.argmax(votes, axis=1)
     label = _choose(labels, maxclass, np.zeros(len(rows)), have_proba, all_positive, classes)
     if have_proba:
+        assert prob_a is not None  # have_proba
         if len(prob_a) < len(pairs) or len(prob_b or []) < len(pairs):
             raise KernelFailed(f"SVMClassifier: {len(pairs)} class pairs need prob_a and prob_b")
         r = np.zeros((len(rows), classes, classes), dtype=np.float32)
         for index, (i, j) in enumerate(pairs):
-            p = _sigmoid_probability(decision[:, index], prob_a[index], prob_b[index])
+            b = cast("list[float]", prob_b)[index]  # as many as pairs: checked above
+            p = _sigmoid_probability(decision[:, index], prob_a[index], b)
             r[:, i, j], r[:, j, i] = p, 1 - p
         return label, scores_out(_pairwise_coupling(r), post, None)
     if len(pairs) == 1:  # binary: two columns from the one decision value

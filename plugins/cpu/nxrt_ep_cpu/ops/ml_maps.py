@@ -7,7 +7,7 @@ one dict per row, the output's very form; the other two read one map.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def zip_map(
     keys: list[Any] = (
         [text(s) for s in classlabels_strings]
         if classlabels_strings
-        else [int(k) for k in classlabels_int64s]
+        else [int(k) for k in cast("list[int]", classlabels_int64s)]  # exactly one is set
     )
     if x.ndim not in (1, 2):
         raise KernelFailed(f"ZipMap: the input must be 1-D or 2-D, not {x.ndim}-D")

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -346,7 +346,8 @@ def compare(forest: Forest, modes: np.ndarray, v: np.ndarray, at: np.ndarray) ->
             result[sel] = test(v[sel], thresholds[sel])
     sel = modes == MEMBER
     if sel.any():
-        result[sel] = np.any(forest.members[at[sel]] == v[sel, None], axis=1)
+        members = cast(np.ndarray, forest.members)  # a forest with MEMBER nodes has them
+        result[sel] = np.any(members[at[sel]] == v[sel, None], axis=1)
     return result
 
 
@@ -478,7 +479,7 @@ def _add(
 
 
 #: The Python bodies of the helpers, kept for compiling (their names then hold compiled ones).
-_HELPERS = {
+_HELPERS: dict[str, Callable[..., Any]] = {
     "_add": _add,
     "_branch": _branch,
     "_walk_one": _walk_one,

@@ -13,7 +13,7 @@ are checked against: see :meth:`ClassifierPlan.finish`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -140,7 +140,7 @@ class RegressorPlan:
         elif self.aggregate == "AVERAGE":
             scores = total / max(self.forest.n_trees, 1) + base
         else:
-            picked = low if self.aggregate == "MIN" else high
+            picked = cast(np.ndarray, low if self.aggregate == "MIN" else high)  # extremes
             scores = np.where(seen, picked, 0) + base
         scores = scores.astype(np.float32)
         if single:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -240,10 +240,13 @@ class BlockQuantizedMoEKernel(Kernel):
             return None if array is None else array[e]
 
         tokens, slot = np.nonzero(experts == e)
-        w1 = dequantize(part(2), part(3), part(6), self.bits, self.block_size)
+        # the packed weights and their scales (parts 2 to 5) are required inputs
+        packed1, scales1 = cast(np.ndarray, part(2)), cast(np.ndarray, part(3))
+        w1 = dequantize(packed1, scales1, part(6), self.bits, self.block_size)
         h = activate(x[tokens] @ w1.T, self.activation)
         del w1
-        w2 = dequantize(part(4), part(5), part(7), self.bits, self.block_size)
+        packed2, scales2 = cast(np.ndarray, part(4)), cast(np.ndarray, part(5))
+        w2 = dequantize(packed2, scales2, part(7), self.bits, self.block_size)
         y[tokens] += routing[tokens, slot][:, None] * (h @ w2.T)
 
     def _weights_for(self, raw: list[Any], num_experts: int, hidden: int) -> _Weights:
@@ -260,12 +263,12 @@ class BlockQuantizedMoEKernel(Kernel):
                 if isinstance(weight, LazyWeight):
                     if self.manager is not None and getattr(weight, "shape", None) is not None:
                         lazy[index] = weight
-                        shapes[index] = tuple(weight.shape)
+                        shapes[index] = tuple(cast(Any, weight).shape)  # checked above
                         continue
                     weight = resident_array(weight.materialize())
                 resident[index] = None if weight is None else np.asarray(weight)
                 if weight is not None:
-                    shapes[index] = resident[index].shape
+                    shapes[index] = cast(np.ndarray, resident[index]).shape
             self._check_shapes(shapes, num_experts, hidden)
             built = _Weights(key, resident, raw)
             built.shapes = shapes
@@ -356,7 +359,7 @@ def _static_dims(value: ir.Value | None, rank: int) -> tuple[int, ...]:
     shape = value.shape if value is not None else None
     if shape is None or len(shape) != rank or not all(isinstance(d, int) for d in shape):
         raise ValueError("shape not static")
-    return tuple(shape)
+    return cast("tuple[int, ...]", tuple(shape))
 
 
 def _cost(node: ir.Node) -> Cost:

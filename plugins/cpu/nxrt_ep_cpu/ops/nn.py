@@ -92,7 +92,7 @@ def batch_normalization(
     if not training_mode:
         return _batch_norm(x, scale, b, input_mean, input_var, epsilon)
     axes = (0,) + tuple(range(2, x.ndim))
-    wide = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
+    wide: np.ndarray = x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
     mean = np.mean(wide, axis=axes)
     var = np.var(wide, axis=axes)
     y = _batch_norm(x, scale, b, mean, var, epsilon)
@@ -108,7 +108,9 @@ def _batch_norm(x, scale, b, mean, var, epsilon: float) -> np.ndarray:
     The fold itself is computed in float32 at least: float16 statistics (opset
     15 lets them differ from ``x``) would lose three digits in it.
     """
-    wide = np.float64 if np.float64 in (x.dtype, scale.dtype, var.dtype) else np.float32
+    wide: type[np.floating] = (
+        np.float64 if np.float64 in (x.dtype, scale.dtype, var.dtype) else np.float32
+    )
     scale, b, mean, var = (np.asarray(v, dtype=wide) for v in (scale, b, mean, var))
     factor = scale / np.sqrt(var + epsilon)
     shift = b - mean * factor

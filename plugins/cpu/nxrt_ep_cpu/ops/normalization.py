@@ -13,7 +13,7 @@ runs until the loops are compiled.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -417,7 +417,7 @@ _MVN_AXES = (0, 2, 3)
 
 
 @op("MeanVarianceNormalization", since=(9, 13))
-def mean_variance_normalization(x: np.ndarray, /, *, axes: list[int] = _MVN_AXES) -> np.ndarray:
+def mean_variance_normalization(x: np.ndarray, /, *, axes: Sequence[int] = _MVN_AXES) -> np.ndarray:
     """``(x - mean) / (std + 1e-9)`` over ``axes``; std from ``E[x^2] - E[x]^2`` as the body.
 
     The default axes are meant for NCHW ("each channel"); on an input of lower

@@ -10,7 +10,7 @@ node has that output.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -117,7 +117,8 @@ def max_pool(
         return y
     y, indices = _max_with_indices(x, win, storage_order)
     if y.dtype.kind == "f" and np.isnan(y).any():
-        return _nan_max_pool(x, win, storage_order, 2)
+        # two outputs: the generic loop, which gives the indices
+        return cast("tuple[np.ndarray, np.ndarray]", _nan_max_pool(x, win, storage_order, 2))
     return y, indices
 
 
@@ -203,7 +204,7 @@ def _compiled_suits(x: np.ndarray, win: Windows) -> bool:
 def _compiled_pool(
     x: np.ndarray,
     win: Windows,
-    counts: tuple[np.ndarray, np.ndarray] | None,
+    counts: tuple[np.ndarray, ...] | None,
     parallel: HostParallel | None,
 ) -> np.ndarray:
     """A 2-D max pool (``counts`` None) or average pool (``counts``: each window's element

@@ -11,6 +11,7 @@ compute the same numbers and replace them once built.
 from __future__ import annotations
 
 import threading
+from typing import Any, cast
 
 import ml_dtypes
 import numpy as np
@@ -150,7 +151,8 @@ def _quantize(
     scale = _param(y_scale, x.shape, axis, block_size).astype(compute, copy=False)
     q = np.divide(x.astype(compute, copy=False), scale)
     if dtype in _INT_RANGES:
-        q = np.asarray(np.rint(q), np.float64 if compute == np.float64 else np.float32)
+        rounded: type[np.floating] = np.float64 if compute == np.float64 else np.float32
+        q = np.asarray(np.rint(q), rounded)
         if y_zero_point is not None:
             q += _param(y_zero_point, x.shape, axis, block_size).astype(q.dtype)
         low, high = _INT_RANGES[dtype]
@@ -264,7 +266,7 @@ def _dequantize(
         raise KernelFailed(
             f"DequantizeLinear with a {x_scale.dtype} scale needs the output_dtype attribute"
         )
-    wide = np.float64 if x.dtype in (np.int32, np.uint32) else np.float32
+    wide: type[np.floating] = np.float64 if x.dtype in (np.int32, np.uint32) else np.float32
     dx = x.astype(wide)
     if x_zero_point is not None and x.dtype not in _FLOAT8 | _SMALL_FLOATS:
         if x_zero_point.dtype != x.dtype:
@@ -640,7 +642,10 @@ def _infer_float_or_zero_point(ctx) -> None:
     out = onnx.TypeProto()
     zero = ctx.get_input_type(8) if ctx.get_num_inputs() > 8 else None
     has_zero = zero is not None and zero.HasField("tensor_type")
-    out.tensor_type.elem_type = zero.tensor_type.elem_type if has_zero else onnx.TensorProto.FLOAT
+    # has_zero: zero is not None
+    out.tensor_type.elem_type = (
+        cast(Any, zero).tensor_type.elem_type if has_zero else onnx.TensorProto.FLOAT
+    )
     ctx.set_output_type(0, out)
 
 

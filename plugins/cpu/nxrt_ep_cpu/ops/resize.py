@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -239,7 +240,7 @@ def _source_coordinates(
         return y * (in_size - 1) / (scaled_size - 1), None
     if mode == "asymmetric":
         return y / scale, None
-    start, end = roi
+    start, end = cast("tuple[float, float]", roi)  # tf_crop_and_resize reads its roi
     if scaled_size == 1:
         coords = np.full(out_size, (end - start) * (in_size - 1) / 2)
     else:
@@ -404,7 +405,8 @@ def grid_sample(
             if w is not None:
                 weight = w if weight is None else weight * w
         # advanced indices around the channel slice: the result is (n, *out, c)
-        values = data[(index[0], slice(None), *index[1:])]
+        # numpy's stub takes a starred index tuple for an array of indices
+        values = data[(index[0], slice(None), *index[1:])]  # type: ignore[arg-type]
         if weight is not None:
             values = values * weight[..., None]
         if valid is not None:

@@ -156,7 +156,7 @@ def _run(
     linear_before_reset: int = 0,
     input_forget: int = 0,
     recurrence: CompiledRecurrence | None = None,
-) -> tuple[np.ndarray, ...]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every direction of an RNN, GRU or LSTM; returns ``(Y, Y_h, Y_c)``.
 
     ``recurrence`` runs the loop over time where it supports the node's
@@ -533,6 +533,7 @@ class CompiledRecurrence:
         bound = np.float32(np.inf if clip is None else clip)
         block = compiled.column_block(hidden, width)
         activations = self._activation_arrays(acts)
+        assert activations is not None  # supports() checked them
 
         def steps_of(part: tuple[int, range]) -> None:
             d, rows = part
@@ -566,6 +567,7 @@ class CompiledRecurrence:
                 steps_of((d, range(batch)))
         else:
             parts = [(d, chunk) for d in range(directions) for chunk in rows]
+            assert self._parallel is not None  # chunks of rows are for its pool
             self._parallel.map(steps_of, parts)
         return y, y_h, y_c
 

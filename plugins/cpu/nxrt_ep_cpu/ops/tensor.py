@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -13,7 +14,12 @@ from nxrt.errors import KernelFailed
 from nxrt.memory import check_elements
 from nxrt_ep_cpu.ops._registry import op
 
-_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+_PAD_MODES: dict[str, Literal["constant", "reflect", "edge", "wrap"]] = {
+    "constant": "constant",
+    "reflect": "reflect",
+    "edge": "edge",
+    "wrap": "wrap",
+}
 
 
 def _ints(values) -> list[int]:
@@ -91,7 +97,7 @@ def _pad(data: np.ndarray, pads, mode: str, value, axes) -> np.ndarray:
     if not any(b or e for b, e in width):
         return data.copy()
     if mode == "constant":
-        fill = 0 if value is None else np.asarray(value).reshape(-1)
+        fill: Any = 0 if value is None else np.asarray(value).reshape(-1)
         if not np.isscalar(fill):
             fill = fill[0] if fill.size else 0
         return np.pad(data, width, mode="constant", constant_values=fill).astype(
@@ -182,7 +188,7 @@ def eye_like(data: np.ndarray, /, *, dtype: int | None = None, k: int = 0) -> np
     if data.ndim != 2:
         raise KernelFailed(f"EyeLike: the input must be 2-D, got shape {data.shape}")
     out_dtype = data.dtype if dtype is None else helper.tensor_dtype_to_np_dtype(dtype)
-    return np.eye(*data.shape, k=k, dtype=out_dtype)
+    return np.eye(data.shape[0], data.shape[1], k=k, dtype=out_dtype)
 
 
 @op("Trilu", since=14)
@@ -323,7 +329,8 @@ def col2im(
             slice(t * d, t * d + s * (o - 1) + 1, s)
             for t, d, s, o in zip(tap, dilations, strides, blocks, strict=True)
         )
-        out[(slice(None), slice(None), *window)] += columns[(slice(None), slice(None), *tap)]
+        # numpy's stub takes a starred index tuple for an array of indices
+        out[(slice(None), slice(None), *window)] += columns[(slice(None), slice(None), *tap)]  # type: ignore[arg-type]
     crop = tuple(slice(pads[i], pads[i] + image[i]) for i in range(rank))
     return out[(slice(None), slice(None), *crop)].astype(data.dtype)
 

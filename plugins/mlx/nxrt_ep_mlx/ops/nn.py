@@ -162,6 +162,7 @@ def _depthwise(
             index.append(slice(o * d, o * d + (size - 1) * s + 1, s))
         term = x[tuple(index)] * w[(slice(None), *offset, 0)]
         y = term if y is None else y + term
+    assert y is not None  # a kernel has at least one tap
     return y
 
 
