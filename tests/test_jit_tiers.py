@@ -220,6 +220,24 @@ def test_the_numpy_tier_imports_no_numba(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_a_process_that_exits_while_compiling_exits_cleanly(tmp_path):
+    # exit as soon as the session exists: its kernels are compiling in the background
+    code = """
+        from importlib import resources
+        import nxrt
+        from nxrt_ep_cpu import compiling
+        model = (resources.files("nxrt") / "data" / "digits_cnn.onnx").read_bytes()
+        session = nxrt.InferenceSession(model, providers=["cpu"])
+        assert not compiling.wait_for_compiled(timeout=0), "nothing was compiling"
+    """
+    done = _run(code, {compiling.MODE_ENV: compiling.BACKGROUND, "NUMBA_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    # the build in progress at exit was finished and cached; the others were dropped
+    markers = list(tmp_path.glob("*/kernels/*/*"))
+    assert markers, sorted(str(p) for p in tmp_path.rglob("*"))[:20]
+
+
 RACER = """
     from nxrt_ep_cpu.jit import njit
 

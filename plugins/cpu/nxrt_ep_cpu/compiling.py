@@ -13,9 +13,11 @@ comes in two tiers, built by two functions the op family hands over:
   split variants of a large batch, are compiled too; the node then switches
   to it. Only the kernels (and variants) the model uses are compiled.
 
-At exit the build in progress is stopped (numba is Python around LLVM calls:
-an exception raised in the thread ends it when its LLVM call returns), so a
-process never waits for compiles it will not use; what was finished is cached.
+At exit the builds not started are dropped and the one in progress is
+waited for (one kernel's compile at most, and cached): numba cannot be
+stopped midway safely (an exception raised into its thread can land in one
+of LLVM's callbacks, which swallow it, and the interpreter then finalizes
+under a running compile).
 
 The session config entry (or cpu EP option) ``nxrt.cpu.compile`` chooses:
 
@@ -45,7 +47,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import ctypes
 import functools
 import hashlib
 import importlib.metadata
@@ -392,8 +393,7 @@ def compiled_kernel(
             if seen is None and tiered.seen is not None:  # a run came meanwhile: its shapes
                 _warm(kernel, node, tiered.seen)
         except BaseException as exc:  # noqa: BLE001 - the node keeps its numpy kernel
-            if not isinstance(exc, _Exiting):
-                _log.warning("cpu EP: node %r keeps its numpy kernel: %r", node.name, exc)
+            _log.warning("cpu EP: node %r keeps its numpy kernel: %r", node.name, exc)
             tiered._fail(exc)
             return
         _mark(name)
@@ -501,10 +501,6 @@ def _warm(kernel: Kernel, node: ir.Node, seen: Sequence[Any] | None = None) -> N
 # -- the background thread -------------------------------------------------------------------------
 
 
-class _Exiting(BaseException):
-    """Raised in the compiling thread to stop it when the process exits."""
-
-
 #: Seconds exit waits at most for the compiling thread to stop.
 _EXIT_WAIT_S = 30.0
 
@@ -512,7 +508,7 @@ _EXIT_WAIT_S = 30.0
 class _Worker:
     """The process's one compiling thread: numba compiles under one global lock anyway.
 
-    A daemon thread; at exit it stops the build in progress (:meth:`stop`) and
+    A daemon thread; at exit it finishes the build in progress (:meth:`stop`) and
     drops the rest. In a process forked while it was
     building, numba's compiler lock may be held by a thread the child does not
     have: there every build fails at once and its nodes keep their numpy kernels.
@@ -537,16 +533,10 @@ class _Worker:
             self._busy += 1
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._loop, name="nxrt-cpu-compile", daemon=True
+                    target=self._serve, name="nxrt-cpu-compile", daemon=True
                 )
                 self._thread.start()
             self._cv.notify()
-
-    def _loop(self) -> None:
-        try:
-            self._serve()
-        except _Exiting:
-            pass  # stopped at exit (:meth:`stop`)
 
     def _serve(self) -> None:
         while True:
@@ -594,17 +584,11 @@ class _Worker:
         return thread
 
     def stop(self) -> None:
-        """At exit: drop the builds not started and stop the one in progress. numba's
-        compiler is Python around LLVM calls, so an exception raised in the thread stops
-        it as soon as the LLVM call it is in returns (LLVM must not be torn down under
-        it): exit then waits milliseconds, not the rest of a compile."""
+        """At exit: drop the builds not started and wait for the one in progress (at
+        most :data:`_EXIT_WAIT_S`), so the interpreter never finalizes under a compile."""
         thread = self._close("the process is exiting")
         if thread is None or thread is threading.current_thread() or not thread.is_alive():
             return
-        if self._current is not None and thread.ident is not None:  # idle: it just returns
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(thread.ident), ctypes.py_object(_Exiting)
-            )
         thread.join(_EXIT_WAIT_S)
 
     def _after_fork(self) -> None:
@@ -616,7 +600,9 @@ class _Worker:
             building._fail(RuntimeError("forked while compiling"))
             self._close("forked while compiling")
         elif self._queue:
-            self._thread = threading.Thread(target=self._loop, name="nxrt-cpu-compile", daemon=True)
+            self._thread = threading.Thread(
+                target=self._serve, name="nxrt-cpu-compile", daemon=True
+            )
             self._thread.start()
 
 
