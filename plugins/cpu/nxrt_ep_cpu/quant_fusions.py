@@ -223,6 +223,20 @@ def _shape_of(value: ir.Value | None) -> tuple[int, ...] | None:
     return cast("tuple[int, ...]", tuple(shape))
 
 
+def _dequantized_operands(
+    node: ir.Node, graph: ir.Graph, *, axis: int, rank: int
+) -> tuple[_Quantized, _Quantized, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    """A Conv's or MatMul's two dequantized operands, the first per tensor, and the
+    second's constant weights (per-channel along ``axis``, of ``rank``); ``None`` when
+    the node is not such a pair."""
+    x = _dequantized(node.inputs[0], graph)
+    wq = _dequantized(node.inputs[1], graph)
+    weights = _weights(wq, axis)
+    if x is None or wq is None or weights is None or not _per_tensor(x):
+        return None
+    return (x, wq, weights) if weights[0].ndim == rank else None
+
+
 class FoldQdqConv(_QuantPass):
     """``DQ(x), DQ(w) [, DQ(b)] -> Conv [-> Relu] -> Q`` into one QLinearConv."""
 
@@ -233,17 +247,10 @@ class FoldQdqConv(_QuantPass):
         for conv in list(graph):
             if not _standard(conv, "Conv") or conv.graph is not graph:
                 continue
-            x = _dequantized(conv.inputs[0], graph)
-            wq = _dequantized(conv.inputs[1], graph)
-            weights = _weights(wq, 0)
-            if (
-                x is None
-                or wq is None
-                or weights is None
-                or not _per_tensor(x)
-                or weights[0].ndim != 4
-            ):
+            operands = _dequantized_operands(conv, graph, axis=0, rank=4)
+            if operands is None:
                 continue
+            x, wq, weights = operands
             tail = _output_quantizer(conv.outputs[0], graph)
             if tail is None:
                 continue
@@ -281,17 +288,10 @@ class FoldQdqMatMul(_QuantPass):
         for matmul in list(graph):
             if not _standard(matmul, "MatMul") or matmul.graph is not graph:
                 continue
-            a = _dequantized(matmul.inputs[0], graph)
-            bq = _dequantized(matmul.inputs[1], graph)
-            weights = _weights(bq, 1)
-            if (
-                a is None
-                or bq is None
-                or weights is None
-                or not _per_tensor(a)
-                or weights[0].ndim != 2
-            ):
+            operands = _dequantized_operands(matmul, graph, axis=1, rank=2)
+            if operands is None:
                 continue
+            a, bq, weights = operands
             stem = matmul.name or "matmul"
             tail = _output_quantizer(matmul.outputs[0], graph)
             to_integer = tail is not None and not tail[0] and self.has("", "QLinearMatMul")
