@@ -1,7 +1,7 @@
 # Two commands set everything up: `make run` and `make test`.
 # `make test-fast` skips the slow tests (pip installs, the EP kit, conformance suites, real
 # models); `make lint` is ruff check and ruff format --check over the repository, then mypy
-# over core and the four plugin packages.
+# over core, the four plugin packages and the fuzzer.
 # `make test-avx2` runs the kernel, conformance and determinism tests again with numba and
 # OpenBLAS forced to AVX2 code (what an AVX2-only CPU runs, built on any x86-64 that has
 # AVX2); `make test-no-omp` runs them without numba's OpenMP layer and without a system
@@ -10,6 +10,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
+TOOLS := $(wildcard tools/*/pyproject.toml)
 STAMP := $(VENV)/.nxrt-installed
 
 .PHONY: run test test-fast test-avx2 test-no-omp lint bench clean
@@ -40,7 +41,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy core/nxrt plugins/cpu/nxrt_ep_cpu plugins/mlx/nxrt_ep_mlx \
-		plugins/legacy_abi/nxrt_ep_legacy_abi plugins/openvino/nxrt_ep_openvino
+		plugins/legacy_abi/nxrt_ep_legacy_abi plugins/openvino/nxrt_ep_openvino \
+		tools/nxrt-fuzz/nxrt_fuzz
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_light.py --models light_resnet50
@@ -48,12 +50,12 @@ bench: $(STAMP)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Core and every plugin, editable; reinstalled when a pyproject changes.
-$(STAMP): pyproject.toml $(PLUGINS) | $(PY)
+# Core, every plugin and the fuzzer, editable; reinstalled when a pyproject changes.
+$(STAMP): pyproject.toml $(PLUGINS) $(TOOLS) | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	$(PY) -m pip install -q -e ".[test]" $(foreach p,$(PLUGINS) $(TOOLS),-e $(dir $(p)))
 	-command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && (apt-get install -y -q libopenblas0-pthread || (apt-get update -q && apt-get install -y -q libopenblas0-pthread)) || true
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) build dist core/*.egg-info plugins/*/*.egg-info
+	rm -rf $(VENV) build dist core/*.egg-info plugins/*/*.egg-info tools/*/*.egg-info

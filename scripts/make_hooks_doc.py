@@ -2,9 +2,10 @@
 
 The hook reference must never drift from the code, so nobody writes it by
 hand: each hook's signature, ``firstresult`` flag and docstring come from the
-hookspec itself, and its "Implemented by" line from the plugins under
-``plugins/`` — each one loaded from its installed ``nxrt`` entry point,
-registered in a fresh plugin manager, and asked which hooks it implements.
+hookspec itself, and its "Implemented by" line from core's own defaults
+(``nxrt.host.BUILTIN_PLUGINS``) and the plugins under ``plugins/`` — each one
+loaded from its installed ``nxrt`` entry point, registered in a fresh plugin
+manager, and asked which hooks it implements.
 
 The hookspecs' docstrings are checked first: each must say when the hook is
 called, document every parameter and the return value, state the
@@ -121,12 +122,20 @@ def shipped_plugins() -> dict[str, object]:
     return dict(sorted(found.items()))
 
 
+#: How the "Implemented by" line names core's own hook implementations.
+CORE = "core's defaults"
+
+
 def implementers(plugins: dict[str, object]) -> dict[str, list[str]]:
-    """Hook name -> names of the shipped plugins implementing it (pluggy's own answer)."""
-    from nxrt.host import get_plugin_manager, register_plugin
+    """Hook name -> who implements it (pluggy's own answer): core's defaults first, then
+    the names of the shipped plugins."""
+    from nxrt.host import BUILTIN_PLUGINS, get_plugin_manager, register_plugin
 
     pm = get_plugin_manager(autoload=False)
     by_hook: dict[str, list[str]] = {}
+    for builtin in BUILTIN_PLUGINS:
+        for caller in pm.get_hookcallers(pm.get_plugin(builtin)) or []:
+            by_hook.setdefault(caller.name, []).append(CORE)
     for name, plugin in plugins.items():
         register_plugin(pm, plugin, name)
         for caller in pm.get_hookcallers(plugin) or []:

@@ -1,10 +1,9 @@
 """Fresh virtual environments for packaging tests, with no network.
 
 The new environment sees the dependencies of nxrt and of its cpu EP (numpy, onnx,
-pytest, numba, ...)
-through a ``.pth`` file pointing at a folder of links to exactly those
-distributions, so neither nxrt nor any plugin is visible until pip installs
-it from the local source tree.
+numba, ...), and pytest for the example EP's own tests, through a ``.pth`` file
+pointing at a folder of links to exactly those distributions, so neither nxrt
+nor any plugin is visible until pip installs it from the local source tree.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import os
 import shutil
 import subprocess
 import venv
+from collections.abc import Iterable
 from pathlib import Path
 
 import importlib_metadata
@@ -60,12 +60,13 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
-def create(home: Path) -> Path:
-    """A new virtual environment under ``home`` with the dependencies of nxrt and of its cpu
-    EP (numba, ...) linked, neither of them installed; its python."""
+def create(home: Path, needs: Iterable[str] = ("nxrt", "nxrt-ep-cpu", "pytest")) -> Path:
+    """A new virtual environment under ``home`` with ``needs`` and their dependencies linked,
+    nxrt and its cpu EP left out (pip installs those); its python."""
+    names = set(needs)
     deps = home / "deps"
     deps.mkdir()
-    link_distributions(dependency_closure("nxrt", "nxrt-ep-cpu") - {"nxrt-ep-cpu"}, deps)
+    link_distributions((dependency_closure(*names) | names) - {"nxrt", "nxrt-ep-cpu"}, deps)
     env_dir = home / "env"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"

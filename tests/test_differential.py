@@ -1,11 +1,11 @@
 """The differential fuzzer in CI: random graphs against onnxruntime, and every regression case.
 
 ``test_random_graphs_agree_with_onnxruntime`` runs a few hundred cases of
-:mod:`nxrt.fuzz` (``NXRT_DIFFERENTIAL_CASES`` changes how many; the large
-run is ``python -m nxrt.fuzz --cases 10000 --seed 0``). Each file in
+:mod:`nxrt_fuzz` (``NXRT_DIFFERENTIAL_CASES`` changes how many; the large
+run is ``python -m nxrt_fuzz --cases 10000 --seed 0``). Each file in
 ``tests/regressions`` is a failure the fuzzer found, minimized, with the
 outputs it must give: onnxruntime's, or for a known difference (where
-onnxruntime departs from the ONNX spec, :mod:`nxrt.fuzz.known`) the spec's.
+onnxruntime departs from the ONNX spec, :mod:`nxrt_fuzz.known`) the spec's.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from nxrt.fuzz import FAILURES, fuzz
-from nxrt.fuzz.case import Case
-from nxrt.fuzz.generate import ep_ops
-from nxrt.fuzz.known import KNOWN
-from nxrt.fuzz.regress import KNOWN_PREFIX, REFUSES
-from nxrt.fuzz.run import AGREED, evaluate, outputs_mismatch, run_nxrt
-from nxrt.fuzz.run import KNOWN as KNOWN_KIND
+from nxrt_fuzz import FAILURES, fuzz
+from nxrt_fuzz.case import Case
+from nxrt_fuzz.generate import ep_ops
+from nxrt_fuzz.known import KNOWN
+from nxrt_fuzz.regress import KNOWN_PREFIX, REFUSES
+from nxrt_fuzz.run import AGREED, evaluate, outputs_mismatch, run_nxrt
+from nxrt_fuzz.run import KNOWN as KNOWN_KIND
 
 REGRESSIONS = Path(__file__).parent / "regressions"
 CASES = int(os.environ.get("NXRT_DIFFERENTIAL_CASES", "300"))

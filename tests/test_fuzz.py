@@ -1,6 +1,6 @@
 """Property-based fuzzing of model bytes: a mutated or cut model fails with a typed error.
 
-Random graphs against onnxruntime are :mod:`nxrt.fuzz`'s job
+Random graphs against onnxruntime are :mod:`nxrt_fuzz`'s job
 (tests/test_differential.py). Bounded for CI (``NXRT_FUZZ_EXAMPLES`` raises
 the count on demand): every mutated model either runs or is refused with an
 nxrt error; a crash, a hang or a foreign exception fails the test.

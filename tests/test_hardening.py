@@ -240,7 +240,7 @@ _SESSION_SCRIPT = """
 import logging, sys, threading
 import numpy as np
 import nxrt
-from nxrt.fuzz.case import Case
+from nxrt_fuzz.case import Case
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 case = Case.load(sys.argv[1])
@@ -286,7 +286,7 @@ def test_onnx_shape_inference_still_crashes_on_the_decision_path_model():
     """The premise of the tests below (onnx 1.23): if onnx fixes it, they still hold, and
     this one says the workaround's premise is gone."""
     script = (
-        "import sys, onnx; from nxrt.fuzz.case import Case; "
+        "import sys, onnx; from nxrt_fuzz.case import Case; "
         "onnx.shape_inference.infer_shapes(Case.load(sys.argv[1]).model)"
     )
     done = _python("-c", script, str(DECISION_PATH))

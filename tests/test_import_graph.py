@@ -2,8 +2,8 @@
 
 A cycle hidden behind an import inside a function is still two modules that
 each need the other; only imports under ``if TYPE_CHECKING:`` (which never
-run) are left out. The graph covers ``core/nxrt`` and every plugin package
-under ``plugins/``. Edges:
+run) are left out. The graph covers ``core/nxrt``, every plugin package
+under ``plugins/`` and every tool package under ``tools/`` (the fuzzer). Edges:
 
 - ``import a.b`` and ``from a.b import name`` depend on ``a.b``; but
   ``from a import b`` where ``a.b`` is a module depends on ``a.b`` itself;
@@ -33,9 +33,10 @@ class Edge:
 
 
 def package_roots(root: Path = ROOT) -> dict[str, Path]:
-    """Import name -> folder of each package in the graph: nxrt and every plugin package."""
+    """Import name -> folder of each package in the graph: nxrt, every plugin and tool package."""
     roots = {"nxrt": root / "core" / "nxrt"}
-    for init in sorted(root.glob("plugins/*/*/__init__.py")):
+    inits = [*root.glob("plugins/*/*/__init__.py"), *root.glob("tools/*/*/__init__.py")]
+    for init in sorted(inits):
         roots[init.parent.name] = init.parent
     return roots
 

@@ -129,12 +129,34 @@ def test_the_mode_is_a_provider_option_too_and_is_checked(cold):
 
 
 def test_kernels_found_in_the_cache_are_used_from_the_first_run(cold):
-    _session(DIGITS, compiling.WAIT)  # compiles into the cache, markers included
+    want = _session(DIGITS, compiling.WAIT)  # compiles into the cache, markers included
+    feeds = _feeds(want)
+    expected = want.run(None, feeds)[0]
     compiling._built.clear()  # as a new process on the same cache
     before = dict(compiling.counts)
     session = _session(DIGITS, compiling.BACKGROUND)
-    assert _tiers(session) == []
     assert compiling.counts["cached"] > before.get("cached", 0)
+    assert compiling.counts["background"] == before.get("background", 0), "nothing compiles"
+    steps = session._plan.steps
+    loading = [s.kernel for s in steps if isinstance(s.kernel, compiling.TieredKernel)]
+    assert loading and all(k.loading for k in loading), "loaded on the background thread"
+    first = session.run(None, feeds)[0]  # waits for the loads, never runs the numpy tier
+    assert set(_tiers(session)) == {1}
+    assert first.tobytes() == expected.tobytes()
+
+
+def test_loads_from_the_cache_go_before_compiles(cold):
+    _session(DIGITS, compiling.WAIT)
+    compiling._built.clear()
+    gate, order = threading.Event(), []
+    compiling._worker.submit(gate.wait, compiling.TieredKernel(Kernel()))  # the thread is busy
+    compiling._worker.submit(lambda: order.append("compile"), compiling.TieredKernel(Kernel()))
+    session = _session(DIGITS, compiling.BACKGROUND)  # its kernels' loads queue behind a compile
+    compiling._worker.submit(lambda: order.append("load"), compiling.TieredKernel(Kernel()), True)
+    gate.set()
+    session.run(None, _feeds(session))
+    assert compiling.wait_for_compiled()
+    assert order == ["load", "compile"]
 
 
 def test_wait_for_compiled_makes_runs_bit_identical(held):
@@ -210,7 +232,7 @@ def test_the_numpy_tier_imports_no_numba(tmp_path):
         import numpy as np
         import nxrt
         from nxrt_ep_cpu import compiling
-        compiling._worker.submit = lambda job, kernel: None  # nothing is ever compiled
+        compiling._worker.submit = lambda job, kernel, first=False: None  # nothing is built
         model = (resources.files("nxrt") / "data" / "digits_cnn.onnx").read_bytes()
         session = nxrt.InferenceSession(model, providers=["cpu"])
         session.run(None, {"pixels": np.ones((4, 1, 8, 8), np.float32)})
@@ -348,4 +370,8 @@ def test_warmup_compiles_a_model_into_the_cache(cold, tmp_path):
     (line,) = warmup.warmup(path)
     assert "compiled kernels" in line
     compiling._built.clear()
-    assert _tiers(_session(DIGITS, compiling.BACKGROUND)) == []
+    before = dict(compiling.counts)
+    session = _session(DIGITS, compiling.BACKGROUND)
+    assert compiling.counts["background"] == before.get("background", 0), "nothing compiles"
+    session.run(None, _feeds(session))
+    assert set(_tiers(session)) == {1}

@@ -70,6 +70,8 @@ _LAZY = {
     "enable_telemetry_events": "nxrt.runtime",
     "ExecutionProvider": "nxrt.provider",
     "EpConfig": "nxrt.provider",
+    "CompilingProvider": "nxrt.compiling",
+    "ExportedKernel": "nxrt.compiling",
     "Kernel": "nxrt.kernel",
     "KernelMatch": "nxrt.kernel",
     "Cost": "nxrt.kernel",
@@ -84,6 +86,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from nxrt.batch import run_batched
+    from nxrt.compiling import CompilingProvider, ExportedKernel
     from nxrt.devices import (
         OrtArenaCfg,
         OrtDevice,
@@ -198,6 +201,7 @@ __all__ = [
     "get_ep_devices",
     "register_execution_provider_library",
     "unregister_execution_provider_library",
+    "CompilingProvider",
     "Cost",
     "EpConfig",
     "EpRegistry",
@@ -205,6 +209,7 @@ __all__ = [
     "ExecutionOrder",
     "ExecutionProvider",
     "ExecutionProviderCapabilities",
+    "ExportedKernel",
     "GraphOptimizationLevel",
     "IOBinding",
     "InferenceSession",

@@ -253,7 +253,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         session = _make_session(args.model, args, given)
         created = time.perf_counter() - start
-        from nxrt.testing import dummy_feeds
+        from nxrt.light_models import dummy_feeds
 
         feeds = {**dummy_feeds(session), **given}
         outputs, timing = _benchmark(session, feeds, args.repeat, args.warmup)

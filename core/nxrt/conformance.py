@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 
+from nxrt.errors import MissingExtra
+
 #: The pseudo-EP name that runs the suite through onnxruntime, for comparison.
 ORT = "onnxruntime"
 DEFAULT_TIMEOUT = 60.0
@@ -91,7 +93,10 @@ def check_case(case: str, result: CaseResult, excluded: dict[str, str]) -> None:
     An excluded case that passes fails the test, so exclusion lists stay
     honest, unless its reason marks it :data:`RANDOM_REASON`.
     """
-    import pytest
+    try:
+        import pytest
+    except ImportError as exc:  # nxrt check-ep runs without pytest; this needs the kit
+        raise MissingExtra("conformance verdicts under pytest", "pytest", "kit") from exc
 
     reason = excluded.get(case)
     if reason is not None:

@@ -19,11 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytest
 
 from nxrt.conformance import check_case, node_cases, package_exclusions, run_cases
 from nxrt.epcontext import EpContext
-from nxrt.errors import EpLoadFailed, EpPanicked, NxrtError, UnsupportedContext
+from nxrt.errors import EpLoadFailed, EpPanicked, MissingExtra, NxrtError, UnsupportedContext
 from nxrt.host import Host, get_plugin_manager
 from nxrt.kernel import Cost, KernelMatch
 from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
@@ -31,6 +30,11 @@ from nxrt.partition import check_claim
 from nxrt.provider import EpConfig, ExecutionProvider
 from nxrt.registry import EpRegistry
 from nxrt.weight import ExecutionProviderCapabilities
+
+try:
+    import pytest
+except ImportError as exc:  # the runtime installs without pytest: the kit is an extra
+    raise MissingExtra("the EP checks of `pytest --nxrt-ep`", "pytest", "kit") from exc
 
 
 @functools.cache

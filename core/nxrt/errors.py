@@ -253,6 +253,22 @@ class InvalidExternalData(NxrtError, status.Fail):
     """A tensor's external data is outside the model folder, out of bounds or mis-sized."""
 
 
+class MissingExtra(NxrtError, ImportError):
+    """A part of nxrt that needs an optional dependency was used without it.
+
+    The runtime installs without them; the message names the extra that brings
+    the missing package. An ``ImportError`` too, so ``except ImportError`` guards
+    written for the missing package still catch it.
+    """
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        self.feature, self.package, self.extra = feature, package, extra
+        super().__init__(
+            f'{feature} needs {package}, which is not installed: pip install "nxrt[{extra}]"',
+            name=package,
+        )
+
+
 __all__ = [
     "AlignmentError",
     "DuplicateContextSource",
@@ -266,6 +282,7 @@ __all__ = [
     "InvalidResident",
     "InvalidTensorView",
     "KernelFailed",
+    "MissingExtra",
     "MissingRegions",
     "ModelNotFound",
     "ModelNotParsed",

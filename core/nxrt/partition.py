@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from nxrt.host import Host
     from nxrt.provider import ExecutionProvider
+    from nxrt.selection import SelectionReport
 
 
 @dataclass
@@ -38,7 +39,7 @@ class NodePlacement:
     domain: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Copy:
     """A value moved between devices before a node can read it."""
 
@@ -60,7 +61,7 @@ class PartitionReport:
     folded: list[tuple[str, str]] = field(default_factory=list)  # (node, op) computed at creation
     fused: list[tuple[str, str]] = field(default_factory=list)  # (node, node it was fused into)
     #: How the EPs were chosen when the caller gave no providers (nxrt.selection).
-    selection: Any = None
+    selection: SelectionReport | None = None
 
     @property
     def partitions(self) -> list[tuple[str, list[str]]]:
@@ -128,14 +129,15 @@ class PartitionReport:
         return "\n".join(lines)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Placement:
-    """What the planner needs: per node (by position) its EP, or its claim."""
+    """What the planner needs: per node (by position) its EP, or its claim; and the
+    placement's part of the session's report (nodes, claims, refused claims)."""
 
     report: PartitionReport
-    node_ep: list[str]
-    node_claim: list[int | None]
-    matches: list[KernelMatch | None]
+    node_ep: Sequence[str]
+    node_claim: Sequence[int | None]
+    matches: Sequence[KernelMatch | None]
 
 
 def partition(
@@ -215,7 +217,8 @@ def partition(
                 domain=normalize_domain(node.domain),
             )
         )
-    return Placement(report, node_ep, node_claim, matches)  # type: ignore[arg-type]
+    placed = cast("list[str]", node_ep)  # all placed: unplaced nodes raised above
+    return Placement(report, tuple(placed), tuple(node_claim), tuple(matches))
 
 
 class Edges:

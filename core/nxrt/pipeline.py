@@ -1,28 +1,32 @@
-"""Session creation: one function per stage, small dataclasses between them.
+"""Session creation: one function per stage, small frozen dataclasses between them.
 
-:func:`create` runs the stages in this order; each takes what the stages
-before it made and returns one dataclass:
+:func:`create` runs the stages in this order. Each stage is a function of what
+the stages before it returned and returns a new value: none writes into an
+earlier stage's result, and an EP is complete once stage 3 has bound it
+(:meth:`~nxrt.provider.ExecutionProvider.bind`).
 
 1. :func:`load` -> :class:`LoadedModel` — parse the path, bytes or
    ``ModelProto``, run the checker and shape inference (on a copy without the
-   weights' bytes), validate the graph and map external data (mmap, confined
-   to the model's folder).
+   weights' bytes), validate the graph, map external data (mmap, confined to
+   the model's folder), apply what ``SessionOptions`` changes in the model
+   (:mod:`nxrt.overrides`: the caller's initializers and free-dimension
+   sizes), and hold every other weight as one numpy array.
 2. :func:`select_providers` -> :class:`Selection` — the EPs to use, highest
    priority first: the caller's ``providers`` list as given (cpu appended as
    the fallback unless ``session.disable_cpu_ep_fallback`` is set), or, when
    the caller gives none, what the session's provider-selection policy
-   chooses (:mod:`nxrt.selection`; by default it builds each candidate plan
-   through stages 3 to 7, times it, and keeps the fastest, cached on disk).
-3. :func:`create_providers` -> :class:`Providers` — each selected EP
-   instantiated, initialised, and asked for its capabilities
-   (``nxrt_ep_capabilities``). An EP that fails to start is fatal when the
-   caller named it, skipped (and recorded) otherwise.
-4. :func:`optimize` -> :class:`Optimization` — core's EP-neutral passes
-   (constant folding, computed with the session's own kernels through
-   ``nxrt_match_kernel``, then dead code), then the first EP's
+   chooses (:func:`nxrt.selection.decide`; by default it builds each candidate
+   plan through stages 3 to 7, times it, and keeps the fastest, cached on disk).
+3. :func:`create_providers` -> :class:`Providers` — each selected EP built by
+   its factory, bound (its id, the session's pool, its kernel table, the
+   session's :class:`SubgraphCompiler`), initialised, and asked for its
+   capabilities (``nxrt_ep_capabilities``). An EP that fails to start is
+   fatal when the caller named it, skipped (and recorded) otherwise.
+4. :func:`optimize` -> :class:`Optimization` — on a clone of the model: core's
+   EP-neutral passes (constant folding, computed with the session's own
+   kernels through ``nxrt_match_kernel``, then dead code), then the first EP's
    ``nxrt_optimizer_passes``. Optimizing needs the EPs' kernels and passes,
-   so it runs after the EPs are chosen; the placement and the plan it shapes
-   are what the selection stage's policies compare.
+   so it runs after the EPs are chosen; its model is the one stages 5 to 7 read.
 5. :func:`place` -> :class:`~nxrt.partition.Placement` — EPContext nodes to
    the EPs owning their sources (``nxrt_load_context``), then each EP in
    order claims subgraphs (``nxrt_claim_subgraphs``) and matches single
@@ -34,10 +38,12 @@ before it made and returns one dataclass:
 7. :func:`instantiate` -> :class:`~nxrt.executor.Plan` — kernels created and
    claims compiled, buffer slots freed after their last use.
 
-Around the stages, :func:`create` applies what ``SessionOptions`` changes in
-the model (:mod:`nxrt.overrides`): after stage 1, the caller's initializers and
-free-dimension sizes; after stage 7, the optimized model is written when
-``optimized_model_filepath`` asks for it.
+:func:`create` then assembles the :class:`~nxrt.partition.PartitionReport`
+once, from the parts the stages returned (placement, copies, folded and
+fused nodes, the selection report), and writes the optimized model when
+``optimized_model_filepath`` asks for it. :func:`fit_plan` derives from a
+finished plan the variant one kind of run needs (inputs already on their
+device, outputs kept there, only the fetched outputs' kernels).
 
 ``InferenceSession`` is the ONNX Runtime-shaped shell around the
 :class:`SessionState` that :func:`create` returns; ``nxrt compile`` and the
@@ -46,15 +52,17 @@ CLI use this module, not the session's internals.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from nxrt import contrib_ops  # noqa: F401  (registers nxrt's op schemas with onnx)
+from nxrt import selection as sel
 from nxrt.epcontext import build_ep_context_registry, is_context_node, read_context
 from nxrt.errors import (
     EpLoadFailed,
@@ -78,20 +86,24 @@ from nxrt.overrides import (
     replace_initializers,
     save_optimized,
 )
-from nxrt.partition import Copy, Placement, partition, schedule
+from nxrt.partition import Copy, PartitionReport, Placement, partition, schedule
 from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt.selection import ExecutionProviderDevicePolicy, SelectionReport
+from nxrt.selection import Candidate, EpInfo, ExecutionProviderDevicePolicy, SelectionReport
 from nxrt.subgraph import ScopedKernel, Subgraph, implicit_inputs, outer_names, subgraphs_of
 from nxrt.values import constant_array
-from nxrt.weight_binding import negotiate_weights
+from nxrt.weight_binding import EXTERNAL_TENSOR_META, negotiate_weights
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     import onnx
     import onnx_ir as ir
 
     from nxrt.registry import EpDescriptor, EpRegistry, KernelEntry
-    from nxrt.selection import Candidate, EpInfo
-    from nxrt.weight import ExecutionProviderCapabilities, WeightHandle
+    from nxrt.weight import ExecutionProviderCapabilities, LazyWeight, WeightHandle
+
+    #: What a session is created from: a model's path, its bytes, or its ``ModelProto``.
+    ModelSource: TypeAlias = str | os.PathLike[str] | bytes | onnx.ModelProto
 
 #: Session config entries, named like ONNX Runtime's.
 DISABLE_CPU_EP_FALLBACK = "session.disable_cpu_ep_fallback"
@@ -113,35 +125,85 @@ NONDETERMINISTIC_OPS = frozenset(
 ProviderRequest = str | tuple[str, dict[str, Any]]
 
 
-# -- 1. load ---------------------------------------------------------------------------------------
 @dataclass
+class CreateOptions:
+    """The settings of session creation that come from ``SessionOptions``."""
+
+    threads: int | None = None
+    optimize: bool = True
+    fallback: bool = True
+    allow_compile: bool = True
+    policy: ExecutionProviderDevicePolicy = ExecutionProviderDevicePolicy.DEFAULT
+    config: dict[str, str] = field(default_factory=dict)
+    #: Arrays replacing the model's initializers (``add_initializer``), and those replacing
+    #: initializers with external data (``add_external_initializers``).
+    initializers: dict[str, np.ndarray] = field(default_factory=dict)
+    external_initializers: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Sizes fixing the model's symbolic dimensions (``add_free_dimension_override_by_name``),
+    #: and the dimensions of a denotation (``..._by_denotation``).
+    free_dimensions: dict[str, int] = field(default_factory=dict)
+    free_dimension_denotations: dict[str, int] = field(default_factory=dict)
+    #: External-data files given in memory (``add_external_initializers_from_files_in_memory``).
+    external_files: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Where to write the optimized model ('': nowhere; ``optimized_model_filepath``).
+    optimized_model_path: str = ""
+    #: Provider names that, requested but not installed, are left out with a warning
+    #: (ONNX Runtime's names) instead of being an error.
+    optional_providers: frozenset[str] = frozenset()
+
+
+# -- 1. load ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
 class LoadedModel:
     """The checked, shape-inferred graph, the folder it came from, and its mapped weights."""
 
     model: ir.Model
     base_dir: str | None
-    weights: dict[str, WeightHandle]
+    weights: Mapping[str, WeightHandle]
 
 
-def load(
-    source: str | os.PathLike[str] | bytes | onnx.ModelProto,
-    files: dict[str, np.ndarray] | None = None,
-    provided: Sequence[str] = (),
-) -> LoadedModel:
-    """Stage 1: read, check, infer and validate the model; map its external data (``files``:
-    external-data files given in memory, by the location the model names them with;
-    ``provided``: external initializers the caller gives, whose files are not read)."""
+def load(source: ModelSource, options: CreateOptions | None = None) -> LoadedModel:
+    """Stage 1: read, check, infer and validate the model; map its external data (the
+    files ``options`` gives in memory, by the location the model names them with; not
+    those of the external initializers it replaces); apply its initializers and
+    free-dimension sizes."""
+    options = options or CreateOptions()
     model, base_dir = load_model(source)
-    weights = resolve_external_data(model, base_dir, files, provided)
+    weights = resolve_external_data(
+        model, base_dir, options.external_files, list(options.external_initializers)
+    )
+    replace_initializers(model, weights, options.initializers, external=False)
+    replace_initializers(model, weights, options.external_initializers, external=True)
+    override_free_dimensions(model, options.free_dimensions, options.free_dimension_denotations)
+    _hold_arrays(model, weights)
     return LoadedModel(model, base_dir, weights)
 
 
+def _hold_arrays(model: ir.Model, weights: Mapping[str, WeightHandle]) -> None:
+    """Each numeric initializer of every graph held as the numpy array the plan hands out,
+    not as the protobuf's bytes, so the parsed model can be freed: one copy of every
+    weight, not two (mapped external data stays mapped)."""
+    import onnx_ir as ir
+
+    for graph in model.graphs():
+        for name, value in graph.initializers.items():
+            tensor = value.const_value
+            if tensor is None or (
+                name in weights and tensor is value.meta.get(EXTERNAL_TENSOR_META)
+            ):
+                continue
+            array = constant_array(tensor)
+            if isinstance(array, np.ndarray) and array.dtype.kind in "biufc":
+                # not strings, not ml_dtypes' (kind "V")
+                value.const_value = ir.Tensor(array, name=name)
+
+
 # -- 2. select EPs ---------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class Selection:
     """The EPs a session uses, highest priority first, and how they were chosen."""
 
-    requests: list[tuple[EpDescriptor, dict[str, Any]]]
+    requests: tuple[tuple[EpDescriptor, dict[str, Any]], ...]
     explicit: bool
     policy: str = "explicit"
     report: SelectionReport | None = None
@@ -176,7 +238,7 @@ def provider_requests(
 def select_providers(
     registry: EpRegistry,
     host: Host,
-    requests: list[tuple[str, dict[str, Any]]] | None,
+    requests: Sequence[tuple[str, dict[str, Any]]] | None,
     *,
     fallback: bool = True,
 ) -> Selection:
@@ -201,16 +263,16 @@ def select_providers(
     cpu = registry.resolve(FALLBACK_EP)
     if fallback and cpu is not None and all(d.id != FALLBACK_EP for d, _ in chosen):
         chosen.append((cpu, {}))
-    return Selection(chosen, explicit, "explicit" if explicit else "priority")
+    return Selection(tuple(chosen), explicit, "explicit" if explicit else "priority")
 
 
 # -- 3. create EPs ---------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class Providers:
     """The session's EP instances (with the plugin owning each) and their capabilities."""
 
-    eps: list[tuple[ExecutionProvider, str]]
-    capabilities: dict[str, ExecutionProviderCapabilities]
+    eps: tuple[tuple[ExecutionProvider, str], ...]
+    capabilities: Mapping[str, ExecutionProviderCapabilities]
 
     def by_id(self) -> dict[str, ExecutionProvider]:
         return {ep.id: ep for ep, _ in self.eps}
@@ -220,18 +282,52 @@ class Providers:
         return any(ep.uses_host_blas for ep, _ in self.eps)
 
 
+class SubgraphCompiler:
+    """Turns a graph attribute (an If, Loop or Scan body) into a callable
+    :class:`~nxrt.subgraph.Subgraph`: stages 5 to 7 on that graph, with the session's EPs.
+
+    The EPs are bound with it in stage 3, before the model they run exists
+    (stage 4 makes it with them); :func:`build` attaches that model and those
+    EPs once, before stage 7 makes the kernels that compile subgraphs.
+    """
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._session: tuple[LoadedModel, Providers] | None = None
+
+    def attach(self, loaded: LoadedModel, providers: Providers) -> None:
+        """The optimized model and the session's EPs (once, by :func:`build`)."""
+        self._session = (loaded, providers)
+
+    def __call__(self, graph: ir.Graph) -> Subgraph:
+        if self._session is None:
+            raise InvalidModel("a subgraph was compiled before the session's model was optimized")
+        loaded, providers = self._session
+        placement = partition(loaded.model, providers.eps, self.host, graph=graph)
+        outer = outer_names(graph)
+        sub_plan = instantiate(plan(loaded, providers, placement, graph, outer))
+        return Subgraph(sub_plan, value_names(graph.inputs), value_names(graph.outputs), outer)
+
+
 def create_providers(
     selection: Selection,
     host: Host,
     parallel: HostParallel,
-    threads: int | None,
-    session_config: dict[str, str] | None = None,
+    options: CreateOptions,
+    subgraph_compiler: SubgraphCompiler | None = None,
 ) -> Providers:
-    """Stage 3: instantiate and initialise each selected EP, then ask its capabilities."""
+    """Stage 3: build, bind and initialise each selected EP, then ask its capabilities."""
     eps = []
-    for descriptor, options in selection.requests:
+    for descriptor, ep_options in selection.requests:
         try:
-            ep = instantiate_ep(descriptor, options, parallel, threads, session_config)
+            ep = instantiate_ep(
+                descriptor,
+                ep_options,
+                parallel,
+                options.threads,
+                options.config,
+                subgraph_compiler=subgraph_compiler,
+            )
             eps.append((ep, descriptor.plugin))
         except Exception as exc:  # noqa: BLE001 - the plugin's own failure, shown whole
             failure = (
@@ -247,7 +343,7 @@ def create_providers(
     if not eps:
         raise InvalidArgument("no execution provider is available; install nxrt-ep-cpu")
     capabilities = {ep.id: host.capabilities(ep, owner) for ep, owner in eps}
-    return Providers(eps, capabilities)
+    return Providers(tuple(eps), capabilities)
 
 
 def instantiate_ep(
@@ -256,9 +352,11 @@ def instantiate_ep(
     parallel: HostParallel,
     threads: int | None,
     session_config: dict[str, str] | None = None,
+    *,
+    subgraph_compiler: SubgraphCompiler | None = None,
 ) -> ExecutionProvider:
-    """One EP from its descriptor, configured (the session's config entries included) and
-    initialised."""
+    """One EP from its descriptor: configured (the session's config entries included),
+    bound, and initialised."""
     limit = options.get("memory_limit")
     config = EpConfig(
         options=dict(options),
@@ -270,36 +368,40 @@ def instantiate_ep(
     ep = descriptor.factory(config)
     if not isinstance(ep, ExecutionProvider):
         raise TypeError(f"factory returned {type(ep).__name__}, not an ExecutionProvider")
-    ep.id = descriptor.id
-    ep.parallel = parallel
-    if ep.ops is None:
-        ep.ops = descriptor.ops
+    ep.bind(
+        descriptor.id,
+        parallel=parallel,
+        ops=ep.ops if ep.ops is not None else descriptor.ops,
+        subgraph_compiler=subgraph_compiler,
+    )
     ep.initialize()
     return ep
 
 
 # -- 4. optimize -----------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class Optimization:
-    """What the passes changed, for the partition report."""
+    """The optimized model (what stages 5 to 7 read), and what the passes changed."""
 
-    folded: list[tuple[str, str]] = field(default_factory=list)  # (node, op)
-    fused: list[tuple[str, str]] = field(default_factory=list)  # (node, into)
+    loaded: LoadedModel
+    folded: tuple[tuple[str, str], ...] = ()  # (node, op)
+    fused: tuple[tuple[str, str], ...] = ()  # (node, into)
 
 
 def optimize(loaded: LoadedModel, providers: Providers, host: Host) -> Optimization:
-    """Stage 4: fold constants with the session's kernels, then the first EP's passes.
+    """Stage 4: on a clone of the model, fold constants with the session's kernels, then
+    run the first EP's passes.
 
-    The EP's passes run on a clone of the graph: if one fails, the session
-    goes on with the graph as it was before them, and the failure is recorded.
+    The EP's passes run on a clone of the folded graph: if one fails, the
+    session goes on with the graph as it was before them, and the failure is
+    recorded.
     """
-    model = loaded.model
-    folded = fold_constants(model, lambda node: evaluate_constant(node, model, providers, host))
+    model, folded = fold(loaded.model, providers, host)
     first, owner = providers.eps[0]
     passes = host.optimizer_passes(first, owner)
     fused: list[tuple[str, str]] = []
     if passes:
-        trial = model.clone()
+        trial = _clone(model)
         try:
             fused = run_passes(trial, passes)
         except Exception as exc:  # noqa: BLE001 - the plugin's pass, isolated
@@ -308,14 +410,26 @@ def optimize(loaded: LoadedModel, providers: Providers, host: Host) -> Optimizat
                 root = root.__cause__
             host.hook_failed(exc, ep=first.id, cause=f"optimizer pass failed: {root!r}")
         else:
-            _adopt(model, trial)
-    return Optimization(folded, fused)
+            model = trial
+    return Optimization(replace(loaded, model=model), tuple(folded), tuple(fused))
 
 
-def _adopt(model: ir.Model, rewritten: ir.Model) -> None:
-    """Make ``model`` the rewritten one (callers hold ``model``, not the clone)."""
-    model.graph = rewritten.graph
-    model.opset_imports.update(rewritten.opset_imports)
+def fold(
+    model: ir.Model, providers: Providers, host: Host
+) -> tuple[ir.Model, list[tuple[str, str]]]:
+    """Core's EP-neutral passes on a clone of ``model`` (constants folded with the
+    session's kernels, dead code dropped): the clone, and the ``(node, op)`` folded."""
+    folded = _clone(model)
+    nodes = fold_constants(folded, lambda node: evaluate_constant(node, folded, providers, host))
+    return folded, nodes
+
+
+def _clone(model: ir.Model) -> ir.Model:
+    """A copy of ``model`` to rewrite (tensors shared), with the model's own metadata: the
+    external-data registry that keeps its mappings open lives there."""
+    clone = model.clone()
+    clone.meta.update(model.meta)
+    return clone
 
 
 def evaluate_constant(
@@ -394,12 +508,14 @@ def check_compile_allowed(placement: Placement) -> None:
 
 
 # -- 6. plan ---------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class PlanDraft:
-    """A plan whose steps know how to make their kernels, none made yet."""
+    """A plan whose steps know how to make their kernels, none made yet, and the copies
+    between devices it inserted (for the partition report)."""
 
     plan: Plan
-    makers: list[Callable[[], Kernel] | None]  # per step; None for a step already holding one
+    makers: tuple[Callable[[], Kernel] | None, ...]  # per step; None for a step holding one
+    copies: tuple[Copy, ...] = ()
 
 
 def plan(
@@ -414,8 +530,6 @@ def plan(
     ``graph`` is a subgraph of a control-flow node reading the ``implicit``
     outer-scope values; default: the main graph.
     """
-    import onnx_ir as ir
-
     graph = graph if graph is not None else loaded.model.graph
     eps = providers.by_id()
     slots: dict[str, int] = {}
@@ -427,7 +541,7 @@ def plan(
             slots[name] = len(slots)
         return slots[name]
 
-    constants: dict[int, Any] = {}
+    constants: dict[int, np.ndarray | LazyWeight] = {}
     weights = negotiate_weights(graph, loaded.weights, placement, eps, providers.capabilities)
     for name, value in graph.initializers.items():
         if name in weights:  # external data, negotiated per EP (lazy or resident)
@@ -437,19 +551,16 @@ def plan(
             raise InvalidModel(f"initializer {name!r} has no data")
         array = constant_array(value.const_value)
         if isinstance(array, np.ndarray):
-            if array.dtype.kind in "biufc":  # not strings, not ml_dtypes' (kind "V")
-                # the graph keeps this array instead of the protobuf's copy of the bytes,
-                # so the parsed model can be freed: one copy of every weight, not two
-                value.const_value = ir.Tensor(array, name=name)
             array = array.view()
             array.flags.writeable = False
         constants[slot(name)] = array
     input_slots = {name: slot(name) for name in [*value_names(graph.inputs), *implicit]}
     location = {name: "cpu" for name in slots}  # device holding each value
-    copies: dict[tuple[str, str], int] = {}
+    copy_slots: dict[tuple[str, str], int] = {}
+    copies: list[Copy] = []
     steps: list[Step] = []
     makers: list[Callable[[], Kernel] | None] = []
-    report = placement.report
+    claims = placement.report.claims
     producers: dict[str, ExecutionProvider] = {}
 
     def read(name: str, ep: ExecutionProvider) -> int:
@@ -460,16 +571,24 @@ def plan(
         if source_device == ep.device_type:
             return slot(name)
         key = (name, ep.device_type)
-        if key not in copies:
-            copies[key] = slot(f"{name}@{ep.device_type}")
+        if key not in copy_slots:
+            copy_slots[key] = slot(f"{name}@{ep.device_type}")
             op = "MemcpyToDevice" if ep.device_type != "cpu" else "MemcpyToHost"
             kernel = CopyKernel(producers.get(name), ep)
             steps.append(
-                Step(kernel, [slot(name)], [copies[key]], f"copy {name}", op, ep.id, ep.device_type)
+                Step(
+                    kernel,
+                    [slot(name)],
+                    [copy_slots[key]],
+                    f"copy {name}",
+                    op,
+                    ep.id,
+                    ep.device_type,
+                )
             )
             makers.append(None)
-            report.copies.append(Copy(name, source_device, ep.device_type, ep.id))
-        return copies[key]
+            copies.append(Copy(name, source_device, ep.device_type, ep.id))
+        return copy_slots[key]
 
     nodes = list(graph)
     compiled: set[int] = set()
@@ -483,7 +602,7 @@ def plan(
             if claim_index in compiled:
                 continue
             compiled.add(claim_index)
-            claim = report.claims[claim_index]
+            claim = claims[claim_index]
             make = _claim_maker(claim, ep, graph)
             ins, outs, name, op_type = claim.inputs, claim.outputs, claim.name, "Subgraph"
         else:
@@ -491,7 +610,7 @@ def plan(
             assert match is not None  # a node placed alone has its match
             ins = value_names(node.inputs)
             outer = implicit_inputs(node) if subgraphs_of(node) else []
-            make = _node_maker(node, ep, match.entry, len(ins), outer)
+            make = _node_maker(node, ep, cast("KernelEntry", match.entry), len(ins), outer)
             ins = ins + outer
             outs = value_names(node.outputs)
             name, op_type = cast(str, node.name), node.op_type
@@ -512,7 +631,7 @@ def plan(
         name: producers[name] for name in output_slots if location.get(name, "cpu") != "cpu"
     }
     draft = Plan(list(slots), constants, input_slots, output_slots, steps, output_hosts)
-    return PlanDraft(draft, makers)
+    return PlanDraft(draft, tuple(makers), tuple(copies))
 
 
 def _claim_maker(
@@ -525,7 +644,7 @@ def _claim_maker(
 
 
 def _node_maker(
-    node: ir.Node, ep: ExecutionProvider, entry: Any, regular_inputs: int, outer: list[str]
+    node: ir.Node, ep: ExecutionProvider, entry: KernelEntry, regular_inputs: int, outer: list[str]
 ) -> Callable[[], Kernel]:
     def make() -> Kernel:
         kernel = ep.create_kernel(node, entry)
@@ -536,20 +655,109 @@ def _node_maker(
 
 # -- 7. instantiate --------------------------------------------------------------------------------
 def instantiate(draft: PlanDraft) -> Plan:
-    """Stage 7: create every kernel and compile every claim; the plan ``run`` walks."""
-    for step, make in zip(draft.plan.steps, draft.makers):
-        if make is not None:
-            step.kernel = make()
-    draft.plan.finish()
-    return draft.plan
+    """Stage 7: create every kernel and compile every claim; the plan ``run`` walks (a new
+    one: the draft keeps its kernel-less steps)."""
+    steps = [
+        replace(step, kernel=make()) if make is not None else replace(step)
+        for step, make in zip(draft.plan.steps, draft.makers)
+    ]
+    final = replace(draft.plan, steps=steps)
+    final.finish()
+    return final
+
+
+def fit_plan(
+    plan: Plan,
+    fed: Mapping[str, int],
+    kept: Collection[str] = frozenset(),
+    fetches: Sequence[str] | None = None,
+) -> Plan:
+    """A new plan from ``plan`` for one kind of run: ``fed`` maps each input already on
+    its device to the step of the copy it then skips (fed where that copy would write);
+    the outputs in ``kept`` stay on their device; with ``fetches``, only the steps those
+    outputs need run."""
+    input_slots = dict(plan.input_slots)
+    for name, index in fed.items():
+        input_slots[name] = plan.steps[index].outputs[0]
+    skipped = set(fed.values())
+    steps = [copy.copy(s) for i, s in enumerate(plan.steps) if i not in skipped]
+    if fetches is not None:
+        needed = {plan.output_slots[name] for name in fetches}
+        kept_steps = []
+        for step in reversed(steps):
+            if needed.intersection(step.outputs):
+                needed.update(step.inputs)
+                kept_steps.append(step)
+        steps = kept_steps[::-1]
+    hosts = {n: ep for n, ep in plan.output_hosts.items() if n not in kept}
+    fitted = Plan(plan.slot_names, plan.constants, input_slots, plan.output_slots, steps, hosts)
+    fitted.finish()
+    return fitted
 
 
 # -- the whole pipeline ----------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
+class Built:
+    """Stages 3 to 7 for one selection: a candidate plan, or the session's."""
+
+    host: Host
+    selection: Selection
+    providers: Providers
+    optimization: Optimization
+    placement: Placement
+    copies: tuple[Copy, ...]
+    plan: Plan
+
+
+def runs_host_blas(plan: Plan, providers: Providers) -> bool:
+    """Whether an EP that runs part of ``plan`` computes through numpy's BLAS."""
+    running = {step.ep for step in plan.steps}
+    return any(ep.uses_host_blas for ep, _ in providers.eps if ep.id in running)
+
+
+def build(
+    loaded: LoadedModel,
+    host: Host,
+    registry: EpRegistry,
+    parallel: HostParallel,
+    selection: Selection,
+    options: CreateOptions,
+) -> Built:
+    """Stages 3 to 7 for the selected EPs."""
+    compiler = SubgraphCompiler(host)
+    providers = create_providers(selection, host, parallel, options, compiler)
+    optimization = optimize(loaded, providers, host) if options.optimize else Optimization(loaded)
+    optimized = optimization.loaded
+    compiler.attach(optimized, providers)
+    placement = place(optimized, providers, host, registry)
+    if not options.allow_compile:
+        check_compile_allowed(placement)
+    draft = plan(optimized, providers, placement)
+    return Built(
+        host, selection, providers, optimization, placement, draft.copies, instantiate(draft)
+    )
+
+
+def partition_report(built: Built, selection: SelectionReport | None) -> PartitionReport:
+    """The session's report, assembled once from what the stages returned."""
+    optimization, placed = built.optimization, built.placement.report
+    return replace(
+        placed,
+        nodes=list(placed.nodes),
+        claims=list(placed.claims),
+        refused_claims=list(placed.refused_claims),
+        copies=list(built.copies),
+        folded=list(optimization.folded),
+        fused=list(optimization.fused),
+        selection=selection,
+    )
+
+
+@dataclass(frozen=True)
 class SessionState:
     """Everything a created session holds."""
 
-    loaded: LoadedModel
+    loaded: LoadedModel  # the optimized model
     host: Host
     registry: EpRegistry
     parallel: HostParallel
@@ -557,12 +765,12 @@ class SessionState:
     providers: Providers
     placement: Placement
     plan: Plan
+    report: PartitionReport
 
     @property
     def uses_host_blas(self) -> bool:
         """Whether an EP that runs part of the plan computes through numpy's BLAS."""
-        running = {step.ep for step in self.plan.steps}
-        return any(ep.uses_host_blas for ep, _ in self.providers.eps if ep.id in running)
+        return runs_host_blas(self.plan, self.providers)
 
     def compiled_partitions(self) -> list[tuple[SubgraphClaim, ExecutionProvider, str, Kernel]]:
         """Each compiled claim with its EP, owning plugin and kernel (what compile saves)."""
@@ -575,35 +783,8 @@ class SessionState:
         ]
 
 
-@dataclass
-class CreateOptions:
-    """The settings of session creation that come from ``SessionOptions``."""
-
-    threads: int | None = None
-    optimize: bool = True
-    fallback: bool = True
-    allow_compile: bool = True
-    policy: ExecutionProviderDevicePolicy = ExecutionProviderDevicePolicy.DEFAULT
-    config: dict[str, str] = field(default_factory=dict)
-    #: Arrays replacing the model's initializers (``add_initializer``), and those replacing
-    #: initializers with external data (``add_external_initializers``).
-    initializers: dict[str, np.ndarray] = field(default_factory=dict)
-    external_initializers: dict[str, np.ndarray] = field(default_factory=dict)
-    #: Sizes fixing the model's symbolic dimensions (``add_free_dimension_override_by_name``),
-    #: and the dimensions of a denotation (``..._by_denotation``).
-    free_dimensions: dict[str, int] = field(default_factory=dict)
-    free_dimension_denotations: dict[str, int] = field(default_factory=dict)
-    #: External-data files given in memory (``add_external_initializers_from_files_in_memory``).
-    external_files: dict[str, np.ndarray] = field(default_factory=dict)
-    #: Where to write the optimized model ('': nowhere; ``optimized_model_filepath``).
-    optimized_model_path: str = ""
-    #: Provider names that, requested but not installed, are left out with a warning
-    #: (ONNX Runtime's names) instead of being an error.
-    optional_providers: frozenset[str] = frozenset()
-
-
 def create(
-    source: str | os.PathLike[str] | bytes | onnx.ModelProto,
+    source: ModelSource,
     requests: list[tuple[str, dict[str, Any]]] | None,
     options: CreateOptions,
     plugin_manager: NxrtPluginManager,
@@ -612,29 +793,31 @@ def create(
     host = Host(plugin_manager)
     registry = host.build_registry()
     parallel = HostParallel(options.threads)
-    loaded = load(source, options.external_files, list(options.external_initializers))
-    replace_initializers(loaded.model, loaded.weights, options.initializers, external=False)
-    replace_initializers(loaded.model, loaded.weights, options.external_initializers, external=True)
-    override_free_dimensions(
-        loaded.model, options.free_dimensions, options.free_dimension_denotations
-    )
-    as_loaded = loaded.model.clone() if options.optimized_model_path else None
+    loaded = load(source, options)
     if requests is not None and options.optional_providers:
         requests = installed_requests(requests, registry, options.optional_providers)
+    chosen: SelectionReport | None = None
     if requests is None and len(registry.providers) > 1:
-        state = choose(source, loaded, host, registry, parallel, options)
+        built, chosen = choose(source, loaded, host, registry, parallel, options)
+        selection = replace(built.selection, policy=options.policy.name, report=chosen)
     else:
         selection = select_providers(registry, host, requests, fallback=options.fallback)
-        providers = create_providers(selection, host, parallel, options.threads, options.config)
-        state = build(loaded, host, registry, parallel, selection, providers, options)
-    if as_loaded is not None:
+        built = build(loaded, host, registry, parallel, selection, options)
+    state = SessionState(
+        built.optimization.loaded,
+        built.host,
+        registry,
+        parallel,
+        selection,
+        built.providers,
+        built.placement,
+        built.plan,
+        partition_report(built, chosen),
+    )
+    if options.optimized_model_path:
         optimized = state.loaded.model
         if private_ops(optimized):  # fusions only nxrt runs: write the EP-neutral passes' graph
-            fold_constants(
-                as_loaded,
-                lambda node: evaluate_constant(node, as_loaded, state.providers, state.host),
-            )
-            optimized = as_loaded
+            optimized, _ = fold(loaded.model, state.providers, state.host)
         save_optimized(optimized, options.optimized_model_path, source, options.config)
     return state
 
@@ -661,17 +844,18 @@ def installed_requests(
     return kept
 
 
-class _Built:
-    """A candidate plan as the measuring needs it: run once, and what fell back."""
+class _Trial:
+    """A candidate plan as selection measures it: run once, and what fell back."""
 
-    def __init__(self, state: SessionState) -> None:
-        self.state = state
-        self.outputs = value_names(state.loaded.model.graph.outputs)
+    def __init__(self, built: Built, parallel: HostParallel) -> None:
+        self.built = built
+        self.parallel = parallel
+        self.outputs = value_names(built.optimization.loaded.model.graph.outputs)
 
     def run(self, feeds: dict[str, Any]) -> None:
-        plan = self.state.plan
-        if self.state.uses_host_blas:
-            with self.state.parallel.run_limits():
+        plan = self.built.plan
+        if runs_host_blas(plan, self.built.providers):
+            with self.parallel.run_limits():
                 plan.execute(feeds, self.outputs, None)
         else:
             plan.execute(feeds, self.outputs, None)
@@ -681,121 +865,74 @@ class _Built:
         deadline = time.monotonic() + timeout
         return all(
             ep.wait_for_compiled(max(0.0, deadline - time.monotonic()))
-            for ep, _ in self.state.providers.eps
+            for ep, _ in self.built.providers.eps
         )
 
     def discard(self) -> None:
         """The candidate lost: its EPs drop the compiles they have not started."""
-        for ep, _ in self.state.providers.eps:
+        for ep, _ in self.built.providers.eps:
             ep.cancel_compiles()
 
     def leftover(self) -> bool:
         """Whether the plan's first EP left nodes to the fallback."""
-        first = self.state.providers.eps[0][0].id
+        first = self.built.providers.eps[0][0].id
         return first != FALLBACK_EP and any(
-            p.ep == FALLBACK_EP for p in self.state.placement.report.nodes
+            p.ep == FALLBACK_EP for p in self.built.placement.report.nodes
         )
 
 
 def choose(
-    source: Any,
+    source: ModelSource,
     loaded: LoadedModel,
     host: Host,
     registry: EpRegistry,
     parallel: HostParallel,
     options: CreateOptions,
-) -> SessionState:
-    """Stage 2 without ``providers``: the policy picks the EPs, then stages 3 to 7 run.
+) -> tuple[Built, SelectionReport]:
+    """Stage 2 without ``providers``: the session's policy picks the EPs
+    (:func:`nxrt.selection.decide`), then stages 3 to 7 run for them.
 
-    A measured decision is written to the cache only when every candidate was
-    measured (:attr:`~nxrt.selection.Measurement.complete`); one the budget cut
-    short serves this session only.
+    The winner measuring built is kept, unless the model maps weights (then it
+    is built again); a chosen EP that cannot build the model leaves cpu alone.
     """
-    import time
-
-    from nxrt import selection as sel
-
     started = time.perf_counter()
-    policy = options.policy
-    config = options.config
-    dims = sel.parse_dims(config.get(sel.DIMS, ""))
-    shapes = sel.parse_shapes(config.get(sel.SHAPES, ""))
     graph = loaded.model.graph
-    inputs = [v for v in graph.inputs if v.name not in graph.initializers]
-    sel.check_shapes(inputs, shapes)
-    fallback = FALLBACK_EP if options.fallback else ""
-    use_cache = config.get(sel.CACHE, "1") not in ("0", "")
     installed = registry.default_order()
-    measured_shapes: dict[str, tuple[int, ...]] | None = None
-    cannot_measure = ""
-    if policy.measures:
-        try:
-            measured_shapes = sel.feed_shapes(inputs, dims, shapes)
-        except NxrtError as exc:  # e.g. map inputs: choose by preference instead of timing
-            cannot_measure = f"not measured ({exc}); chose by preference"
-    key = ""
-    if use_cache and measured_shapes is not None:
+
+    def identity() -> tuple[str, list[tuple[str, str]]]:
         versions = [(i, plugin_version(host, registry.providers[i].plugin)) for i in installed]
-        key = sel.cache_key(
-            sel.model_digest(source), versions, parallel.threads, dims, shapes=measured_shapes
-        )
-    report = sel.read_cached(key, set(installed)) if key else None
-    winner: SessionState | None = None
-    infos, unstarted = (
-        ep_infos(registry, host, parallel, options.threads) if report is None else ([], [])
+        return sel.model_digest(source), versions
+
+    def trial(ids: list[str]) -> _Trial:
+        return _Trial(_build_for(ids, loaded, Host(host.pm), registry, parallel, options), parallel)
+
+    decision = sel.decide(
+        options.policy,
+        [v for v in graph.inputs if v.name not in graph.initializers],
+        options.config,
+        start=lambda: ep_infos(registry, host, parallel, options.threads),
+        build=trial,
+        identity=identity,
+        installed=installed,
+        threads=parallel.threads,
+        fallback=FALLBACK_EP,
+        started=started,
     )
-    feeds: dict[str, Any] | None = None
-    if report is None and measured_shapes is not None:
-        try:
-            feeds = sel.synthesize_feeds(inputs, dims, shapes)
-        except NxrtError as exc:
-            cannot_measure = f"not measured ({exc}); chose by preference"
-    if feeds is not None:
-
-        def build_candidate(ids: list[str]) -> _Built:
-            trial = LoadedModel(loaded.model.clone(), loaded.base_dir, loaded.weights)
-            return _Built(_build_for(ids, trial, Host(host.pm), registry, parallel, options))
-
-        found = sel.measure(
-            infos,
-            build_candidate,
-            feeds,
-            budget_ms=float(config.get(sel.BUDGET_MS, sel.DEFAULT_BUDGET_MS)),
-            runs=int(config.get(sel.RUNS, sel.DEFAULT_RUNS)),
-            settle_ms=float(config.get(sel.SETTLE_MS, sel.DEFAULT_SETTLE_MS)),
-            fallback=fallback or FALLBACK_EP,
-            started=started,  # starting the EPs (ep_infos) is part of the budget
-        )
-        report = sel.SelectionReport(
-            policy.name, found.choice, found.candidates + unstarted, note=found.note
-        )
-        if found.built is not None and not loaded.weights:
-            winner = found.built.state  # built on a clone; with mapped weights, rebuild
-        report.seconds = time.perf_counter() - started
-        if key and found.built is not None:
-            report.cached = sel.write_cached(key, report)  # refused unless complete
-    elif report is None:
-        ordered = (
-            sel.order_for_device(infos, policy)
-            if policy in sel.DEVICE_ORDER
-            else sel.order_by_preference(infos)
-        )
-        choice = [i.id for i in ordered if i.id != FALLBACK_EP] + [FALLBACK_EP]
-        report = sel.SelectionReport(policy.name, choice, unstarted, note=cannot_measure)
-    if winner is None:
+    report = decision.report
+    if isinstance(decision.built, _Trial) and not loaded.weights:
+        winner = decision.built.built
+    else:
         try:
             winner = _build_for(report.choice, loaded, host, registry, parallel, options)
         except NxrtError as exc:  # a chosen EP that cannot build this model: cpu alone
             if report.choice == [FALLBACK_EP] or FALLBACK_EP not in registry.providers:
                 raise
-            report.note = f"{','.join(report.choice)} failed to build ({exc}); cpu alone"
-            report.choice = [FALLBACK_EP]
+            note = f"{','.join(report.choice)} failed to build ({exc}); cpu alone"
+            report = replace(report, choice=[FALLBACK_EP], note=note)
             winner = _build_for(report.choice, loaded, host, registry, parallel, options)
-        report.seconds = time.perf_counter() - started
+        report = replace(report, seconds=time.perf_counter() - started)
     winner.host.failures[:0] = [f for f in host.failures if f not in winner.host.failures]
-    winner.selection.policy, winner.selection.report = policy.name, report
-    winner.placement.report.selection = report
-    return winner
+    return winner, report
 
 
 def _build_for(
@@ -805,13 +942,12 @@ def _build_for(
     registry: EpRegistry,
     parallel: HostParallel,
     options: CreateOptions,
-) -> SessionState:
+) -> Built:
     """Stages 3 to 7 for the EPs ``ids`` (an EP that fails to start is an error)."""
     selection = select_providers(
         registry, host, [(i, {}) for i in ids if i in registry.providers], fallback=options.fallback
     )
-    providers = create_providers(selection, host, parallel, options.threads, options.config)
-    return build(loaded, host, registry, parallel, selection, providers, options)
+    return build(loaded, host, registry, parallel, selection, options)
 
 
 def ep_infos(
@@ -819,8 +955,6 @@ def ep_infos(
 ) -> tuple[list[EpInfo], list[Candidate]]:
     """Every installed EP's device and preference (starting it is what tells them), and a
     skipped candidate for each EP that fails to start (its failure recorded)."""
-    from nxrt.selection import Candidate, EpInfo
-
     infos, unstarted = [], []
     for ep_id in registry.default_order():
         descriptor = registry.providers[ep_id]
@@ -843,47 +977,16 @@ def plugin_version(host: Host, plugin: str) -> str:
 
     from importlib_metadata import PackageNotFoundError, distribution
 
-    from nxrt.selection import distribution_identity
-
     info = host.pm.plugin_info.get(plugin)
     if info is None or not info.distribution:
         return "unversioned"
-    parts = [distribution_identity(info.distribution)]
+    parts = [sel.distribution_identity(info.distribution)]
     try:
         for requirement in distribution(info.distribution).requires or []:
             name = re.split(r"[ ;<>=!~\[]", requirement, maxsplit=1)[0]
-            identity = distribution_identity(name)
+            identity = sel.distribution_identity(name)
             if not identity.endswith("=unversioned"):
                 parts.append(identity)
     except PackageNotFoundError:
         pass
     return ";".join(parts)
-
-
-def build(
-    loaded: LoadedModel,
-    host: Host,
-    registry: EpRegistry,
-    parallel: HostParallel,
-    selection: Selection,
-    providers: Providers,
-    options: CreateOptions,
-) -> SessionState:
-    """Stages 4 to 7 for EPs already created."""
-
-    def compile_subgraph(graph: ir.Graph) -> Subgraph:
-        """Partition and plan a graph attribute with the session's EPs."""
-        placement = partition(loaded.model, providers.eps, host, graph=graph)
-        outer = outer_names(graph)
-        sub_plan = instantiate(plan(loaded, providers, placement, graph, outer))
-        return Subgraph(sub_plan, value_names(graph.inputs), value_names(graph.outputs), outer)
-
-    for ep, _ in providers.eps:
-        ep.subgraph_compiler = compile_subgraph
-    optimization = optimize(loaded, providers, host) if options.optimize else Optimization()
-    placement = place(loaded, providers, host, registry)
-    if not options.allow_compile:
-        check_compile_allowed(placement)
-    placement.report.folded, placement.report.fused = optimization.folded, optimization.fused
-    final = instantiate(plan(loaded, providers, placement))
-    return SessionState(loaded, host, registry, parallel, selection, providers, placement, final)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from nxrt.host_parallel import HostParallel
     from nxrt.registry import KernelEntry, OpRegistry
     from nxrt.residency import ExpertResidencyManager
+    from nxrt.subgraph import Subgraph
 
 #: An EP's identifier, e.g. ``"cpu"``.
 EpId = str
@@ -47,12 +48,13 @@ class EpConfig:
 class ExecutionProvider:
     """Base class of every EP; a subclass sets ``id`` and ``device_type``.
 
-    What the session sets before ``initialize``: ``id``, ``parallel`` (its
-    thread pool), ``subgraph_compiler`` (for If/Loop/Scan bodies) and ``ops``
-    (the kernel table the plugin registered, when the EP has none of its own).
-    What kernels may use for the EP's lifetime: ``workspace`` (scratch buffers
-    reused across runs) and ``expert_residency`` (the expert pager of
-    ``pkg.nxrt::BlockQuantizedMoE``, made by the first such kernel).
+    What the session gives the EP, in one :meth:`bind` before ``initialize``:
+    ``id``, ``parallel`` (its thread pool), ``ops`` (the kernel table the
+    plugin registered, when the EP has none of its own) and
+    ``subgraph_compiler`` (for If/Loop/Scan bodies); nothing writes to the EP
+    after that. What kernels may use for the EP's lifetime: ``workspace``
+    (scratch buffers reused across runs) and ``expert_residency`` (the expert
+    pager of ``pkg.nxrt::BlockQuantizedMoE``, made by the first such kernel).
     """
 
     id: EpId = ""
@@ -64,10 +66,10 @@ class ExecutionProvider:
     def __init__(self, config: EpConfig | None = None, ops: OpRegistry | None = None) -> None:
         self.config = config or EpConfig()
         self.ops = ops
-        #: The session's thread pool, lent to kernels for intra-op work (set by the session).
+        #: The session's thread pool, lent to kernels for intra-op work (given by ``bind``).
         self.parallel: HostParallel | None = None
-        #: Turns a graph attribute into a callable Subgraph (set by the session).
-        self.subgraph_compiler: Callable[[ir.Graph], Any] | None = None
+        #: Turns a graph attribute into a callable Subgraph (given by ``bind``).
+        self.subgraph_compiler: Callable[[ir.Graph], Subgraph] | None = None
         #: Scratch buffers kernels borrow for one call and give back (reused across runs).
         self.workspace = Workspace()
         #: Pages experts of BlockQuantizedMoE nodes in under a byte budget (one per EP).
@@ -75,6 +77,23 @@ class ExecutionProvider:
         self._initialized = False
 
     # -- lifecycle ----------------------------------------------------------------------------
+    def bind(
+        self,
+        id: EpId,
+        *,
+        parallel: HostParallel | None = None,
+        ops: OpRegistry | None = None,
+        subgraph_compiler: Callable[[ir.Graph], Subgraph] | None = None,
+    ) -> None:
+        """Receive what the session owns, once, after the factory and before ``initialize``:
+        the ``id`` the EP was registered under, the session's thread pool, the kernel table
+        (the EP's own, else the one its plugin registered) and the compiler of graph
+        attributes. The factory only knows the ``EpConfig``; these are the session's."""
+        self.id = id
+        self.parallel = parallel
+        self.ops = ops
+        self.subgraph_compiler = subgraph_compiler
+
     def initialize(self) -> None:
         """Acquire the device; called once by the host before any other method."""
         self._initialized = True

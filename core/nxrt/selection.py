@@ -35,8 +35,9 @@ none, the session's provider-selection policy decides
   first (by preference), then the others; ``MAX_EFFICIENCY`` and
   ``MIN_OVERALL_POWER`` prefer NPU, then GPU, then CPU.
 
-This module knows policies, candidates, feeds, timing and the cache; the
-pipeline builds each candidate for it (``build`` callbacks), so nothing here
+This module knows policies, candidates, feeds, timing and the cache, and
+:func:`decide` is the one place that dispatches on the policy; the pipeline
+starts the EPs and builds each candidate for it (callbacks), so nothing here
 imports the pipeline.
 
 Config entries (``SessionOptions.add_session_config_entry``):
@@ -66,15 +67,16 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
-from nxrt.errors import InvalidArgument
+from nxrt.errors import InvalidArgument, NxrtError
 from nxrt.files import write_atomically
 from nxrt.model import numpy_dtype
 
 if TYPE_CHECKING:
+    import onnx
     import onnx_ir as ir
 
 BUDGET_MS = "nxrt.selection.budget_ms"
@@ -356,9 +358,19 @@ def _duration(ms: float) -> str:
 
 
 # -- measuring -------------------------------------------------------------------------------------
-#: Builds a candidate from its providers; returns an object whose ``run(feeds)`` runs the
-#: plan once, and whose ``leftover()`` lists the nodes left to the fallback EP.
-BuildCandidate = Callable[[list[str]], Any]
+class CandidatePlan(Protocol):
+    """A built candidate as :func:`measure` uses it. It may also have
+    ``wait_for_compiled(timeout) -> bool`` and ``discard()`` (its EPs' background compiles)."""
+
+    def run(self, feeds: dict[str, Any]) -> None:
+        """Run the plan once."""
+
+    def leftover(self) -> bool:
+        """Whether the plan's first EP left nodes to the fallback EP."""
+
+
+#: Builds a candidate from its providers.
+BuildCandidate = Callable[[list[str]], CandidatePlan]
 
 
 @dataclass
@@ -367,7 +379,7 @@ class Measurement:
 
     choice: list[str]
     #: The winner's built object (``None`` when no candidate was built and run).
-    built: Any
+    built: CandidatePlan | None
     candidates: list[Candidate]
     note: str = ""
 
@@ -380,7 +392,7 @@ class Measurement:
 @dataclass
 class _Timed:
     candidate: Candidate
-    plan: Any
+    plan: CandidatePlan
     repeat: int  # runs per sample, so a fast plan's sample spans about a millisecond
     samples: list[float] = field(default_factory=list)
 
@@ -547,7 +559,7 @@ def _time_block(
     return False
 
 
-def _settle(plan: Any, feeds: dict[str, Any], settle_ms: float) -> None:
+def _settle(plan: CandidatePlan, feeds: dict[str, Any], settle_ms: float) -> None:
     """Run ``plan`` untimed for ``settle_ms`` (at least once): the candidate timed before it
     leaves threads spinning (ONNX Runtime's pool, OpenVINO's, OpenBLAS's for about 0.1 s)
     that would slow this one's first runs, and this one's caches and pools warm up."""
@@ -555,6 +567,95 @@ def _settle(plan: Any, feeds: dict[str, Any], settle_ms: float) -> None:
     plan.run(feeds)
     while time.perf_counter() < end:
         plan.run(feeds)
+
+
+# -- the policy ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decision:
+    """What a policy chose: its report, and the winner as measuring built it (``None``:
+    the caller builds ``report.choice``)."""
+
+    report: SelectionReport
+    built: CandidatePlan | None = None
+
+
+def decide(
+    policy: ExecutionProviderDevicePolicy,
+    inputs: Sequence[ir.Value],
+    config: Mapping[str, str],
+    *,
+    start: Callable[[], tuple[list[EpInfo], list[Candidate]]],
+    build: BuildCandidate,
+    identity: Callable[[], tuple[str, list[tuple[str, str]]]],
+    installed: Sequence[str],
+    threads: int,
+    fallback: str = "cpu",
+    started: float | None = None,
+) -> Decision:
+    """The EPs ``policy`` chooses for a model with these graph ``inputs`` (module
+    docstring): a valid cached decision, else the measured fastest candidate, else the EPs
+    in the policy's order.
+
+    :param config: The session's config entries (the ``nxrt.selection.*`` ones).
+    :param start: Starts every installed EP, for its device and preference; returns them
+        and a skipped candidate for each EP that cannot start. Called only on a cache miss.
+    :param build: Builds one candidate from its providers (:func:`measure`).
+    :param identity: The model's digest and every installed EP's ``(id, version)``, for
+        the cache key (:func:`cache_key`); called only when the cache is used.
+    :param installed: The installed EPs' ids.
+    :param threads: The session's intra-op thread count.
+    :param started: When selection started (default: now); the budget counts from it.
+    """
+    started = time.perf_counter() if started is None else started
+    dims = parse_dims(config.get(DIMS, ""))
+    shapes = parse_shapes(config.get(SHAPES, ""))
+    check_shapes(inputs, shapes)
+    measured_shapes: dict[str, tuple[int, ...]] | None = None
+    cannot_measure = ""
+    if policy.measures:
+        try:
+            measured_shapes = feed_shapes(inputs, dims, shapes)
+        except NxrtError as exc:  # e.g. map inputs: choose by preference instead of timing
+            cannot_measure = f"not measured ({exc}); chose by preference"
+    key = ""
+    if config.get(CACHE, "1") not in ("0", "") and measured_shapes is not None:
+        digest, versions = identity()
+        key = cache_key(digest, versions, threads, dims, shapes=measured_shapes)
+    cached = read_cached(key, set(installed)) if key else None
+    if cached is not None:
+        return Decision(cached)
+    infos, unstarted = start()
+    feeds: dict[str, Any] | None = None
+    if measured_shapes is not None:
+        try:
+            feeds = synthesize_feeds(inputs, dims, shapes)
+        except NxrtError as exc:
+            cannot_measure = f"not measured ({exc}); chose by preference"
+    if feeds is None:
+        ordered = (
+            order_for_device(infos, policy)
+            if policy in DEVICE_ORDER
+            else order_by_preference(infos)
+        )
+        choice = [i.id for i in ordered if i.id != fallback] + [fallback]
+        return Decision(SelectionReport(policy.name, choice, unstarted, note=cannot_measure))
+    found = measure(
+        infos,
+        build,
+        feeds,
+        budget_ms=float(config.get(BUDGET_MS, DEFAULT_BUDGET_MS)),
+        runs=int(config.get(RUNS, DEFAULT_RUNS)),
+        settle_ms=float(config.get(SETTLE_MS, DEFAULT_SETTLE_MS)),
+        fallback=fallback,
+        started=started,  # starting the EPs is part of the budget
+    )
+    report = SelectionReport(
+        policy.name, found.choice, found.candidates + unstarted, note=found.note
+    )
+    report.seconds = time.perf_counter() - started
+    if key and found.built is not None:
+        report.cached = write_cached(key, report)  # refused unless complete
+    return Decision(report, found.built)
 
 
 # -- the cache -------------------------------------------------------------------------------------
@@ -708,7 +809,7 @@ def write_cached(key: str, report: SelectionReport) -> bool:
     return True
 
 
-def model_digest(source: Any) -> str:
+def model_digest(source: str | os.PathLike[str] | bytes | onnx.ModelProto) -> str:
     """SHA-256 of the model's bytes (a path's file, bytes, or a serialized ModelProto)."""
     digest = hashlib.sha256()
     if isinstance(source, (str, os.PathLike)):

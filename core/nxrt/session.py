@@ -470,7 +470,7 @@ class InferenceSession:
         self._eps = state.providers.eps
         self._plan = state.plan
         self._parallel = state.parallel
-        self._report = state.placement.report
+        self._report = state.report
         self._host_blas = state.uses_host_blas
         if self._host_blas:  # BLAS capped once, for the session's life, not per run
             state.parallel.hold_blas()
@@ -826,31 +826,8 @@ class InferenceSession:
         with self._variants_lock:
             plan = self._variants.get(key)
             if plan is None:
-                plan = self._variants[key] = self._fit_plan(on_device, kept, fetches)
-        return plan
-
-    def _fit_plan(
-        self, on_device: frozenset[str], kept: frozenset[str], fetches: tuple[str, ...] | None
-    ) -> Plan:
-        base = self._plan
-        input_slots = dict(base.input_slots)
-        skipped = set()
-        for name in on_device:
-            _, index = self._device_inputs[name]
-            input_slots[name] = base.steps[index].outputs[0]  # fed where the copy would write
-            skipped.add(index)
-        steps = [copy.copy(s) for i, s in enumerate(base.steps) if i not in skipped]
-        if fetches is not None:
-            needed = {base.output_slots[name] for name in fetches}
-            kept_steps = []
-            for step in reversed(steps):
-                if needed.intersection(step.outputs):
-                    needed.update(step.inputs)
-                    kept_steps.append(step)
-            steps = kept_steps[::-1]
-        hosts = {n: ep for n, ep in base.output_hosts.items() if n not in kept}
-        plan = Plan(base.slot_names, base.constants, input_slots, base.output_slots, steps, hosts)
-        plan.finish()
+                fed = {name: self._device_inputs[name][1] for name in on_device}
+                plan = self._variants[key] = pipeline.fit_plan(self._plan, fed, kept, fetches)
         return plan
 
     def output_value(self, name: str, value: Any, kept: bool) -> OrtValue:

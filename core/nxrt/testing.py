@@ -18,6 +18,9 @@ unregisters), :func:`make_node_model` and :func:`run_node` (one-node models
 through a real session pinned to one EP), :data:`LIGHT_MODELS` with
 :func:`light_model_path` and :func:`dummy_feeds` (the onnx package's light
 models and the input its backend runner gives them, from :mod:`nxrt.light_models`).
+
+The kit needs pytest, which the runtime does not: ``pip install "nxrt[kit]"``.
+Without it, importing this module raises :class:`~nxrt.errors.MissingExtra`.
 """
 
 from __future__ import annotations
@@ -27,9 +30,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
+from nxrt.errors import MissingExtra
 from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
+
+try:
+    import pytest
+except ImportError as exc:  # the runtime installs without pytest: the kit is an extra
+    raise MissingExtra("nxrt's EP testing kit (nxrt.testing)", "pytest", "kit") from exc
 
 if TYPE_CHECKING:
     import numpy as np

@@ -30,14 +30,19 @@ The session config entry (or cpu EP option) ``nxrt.cpu.compile`` chooses:
 
 ``NXRT_CPU_COMPILE`` sets the default for sessions that set neither.
 
-What is already compiled is not waited for: a kernel whose compiled code this
-process built before, or whose marker is in the compile cache (written there
-once its loops were compiled into numba's cache, :func:`cache_folder`), is
-built at creation, loading from the cache, and used from the first run. The
-cache folder is keyed by the nxrt-ep-cpu and numba versions and a digest of
-the compiled sources, not by where they are installed, so every checkout
-and virtual environment of one version shares it; each marker also names the
-CPU (numba's index keys the code by it too).
+What is already compiled is used from the first run, so a warm cache gives
+bit-identical runs from the first in either mode. A kernel this process built
+before is built at creation (its loops are in memory). A kernel whose marker
+is in the compile cache (written there once its loops were compiled into
+numba's cache, :func:`cache_folder`) is loaded on the background thread,
+ahead of any compile, while creation returns at once: loading starts numba
+in the process (its import, its target's registries, the first loads: about
+half a second that a fresh process cannot skip), and creation need not wait
+for that. Such a node's first call waits for its load instead of running the
+numpy tier. The cache folder is keyed by the nxrt-ep-cpu and numba versions
+and a digest of the compiled sources, not by where they are installed, so
+every checkout and virtual environment of one version shares it; each marker
+also names the CPU (numba's index keys the code by it too).
 
 This module imports no numba: only the background thread, building tier 1,
 does.
@@ -213,8 +218,11 @@ class TieredKernel(Kernel):
     a run.
     """
 
-    def __init__(self, reference: Kernel) -> None:
+    def __init__(self, reference: Kernel, *, loading: bool = False) -> None:
         self._kernel = reference
+        #: The compiled code is in the cache, being loaded: the first call waits for it
+        #: rather than run the numpy tier, so runs are bit-identical from the first.
+        self.loading = loading
         self._reference_call = reference.direct_call
         self._call: Callable[..., Any] = self._record
         self.view_output = reference.view_output
@@ -241,7 +249,8 @@ class TieredKernel(Kernel):
         reason = self._kernel.variant_reason
         if self.tier:
             return reason
-        why = "compiling" if self.error is None else f"compiling failed: {self.error!r}"
+        doing = "loading from the cache" if self.loading else "compiling"
+        why = doing if self.error is None else f"{doing} failed: {self.error!r}"
         return f"{reason} (numpy tier, {why})".lstrip()
 
     @property
@@ -252,7 +261,10 @@ class TieredKernel(Kernel):
         return self._call(*inputs)
 
     def _record(self, *inputs: Any) -> Any:
-        """The first call on tier 0: note its inputs, then stop noting."""
+        """The first call on tier 0: note its inputs, then stop noting (a kernel whose
+        code is loading from the cache waits for it first)."""
+        if self.loading:
+            self._done.wait()
         with self._lock:
             if self.seen is None:
                 self.seen = [
@@ -366,14 +378,15 @@ def compiled_kernel(
     :param key: What decides which loops ``fast`` compiles (default: the node's op,
         attributes, input types and shapes, and the session's threads); kernels with
         one key share their compiled code, and its marker in the compile cache.
-    :returns: ``fast()`` when its code is compiled already (this process, or the disk
-        cache) or the mode is ``wait``; else a :class:`TieredKernel` on ``reference()``
-        that switches to ``fast()`` once it is built in the background.
+    :returns: ``fast()`` when this process built its code before or the mode is
+        ``wait``; else a :class:`TieredKernel` on ``reference()`` that switches to
+        ``fast()`` once it is built in the background (or, when its code is in the disk
+        cache, loaded there, its first call waiting for that).
     """
     name = node_key(ep, node, fast) if key is None else _hash(("key", key))
     compiles = compiles_of(ep)
     how = "memory" if name in _built else "cached" if _cached(name) else ""
-    if compiles.mode == WAIT or how:
+    if how == "memory" or compiles.mode == WAIT:
         kernel = fast()
         if not how:
             _warm(kernel, node)
@@ -381,26 +394,28 @@ def compiled_kernel(
         _built.add(name)
         counts[how or "compiled"] += 1
         return kernel
-    tiered = TieredKernel(reference())
+    loading = how == "cached"
+    tiered = TieredKernel(reference(), loading=loading)
     compiles.add(tiered)
-    counts["background"] += 1
+    counts["cached" if loading else "background"] += 1
 
     def build() -> None:
         try:
             kernel = fast()
             seen = tiered.seen
-            _warm(kernel, node, seen)
+            _warm(kernel, node, seen, large=not loading)
             if seen is None and tiered.seen is not None:  # a run came meanwhile: its shapes
                 _warm(kernel, node, tiered.seen)
         except BaseException as exc:  # noqa: BLE001 - the node keeps its numpy kernel
             _log.warning("cpu EP: node %r keeps its numpy kernel: %r", node.name, exc)
             tiered._fail(exc)
             return
-        _mark(name)
+        if not loading:
+            _mark(name)
         _built.add(name)
         tiered._promote(kernel)
 
-    _worker.submit(build, tiered)
+    _worker.submit(build, tiered, first=loading)
     return tiered
 
 
@@ -477,15 +492,22 @@ def example_inputs(
     return inputs
 
 
-def _warm(kernel: Kernel, node: ir.Node, seen: Sequence[Any] | None = None) -> None:
+def _warm(
+    kernel: Kernel, node: ir.Node, seen: Sequence[Any] | None = None, *, large: bool = True
+) -> None:
     """Run ``kernel`` on stand-in inputs (:func:`example_inputs`), so that loops compiled
-    on their first call are compiled now: at the shapes a run gave, else at the graph's,
-    its unknown dimensions at 1 and, as a batch would be, at :data:`_LARGE` (the split
-    variants); a failure is only logged (a run then compiles what it needs)."""
+    (or loaded) on their first call are compiled now: at the shapes a run gave, else at
+    the graph's, its unknown dimensions at 1 and, as a batch would be and unless not
+    ``large``, at :data:`_LARGE` (the split variants); a failure is only logged (a run
+    then compiles what it needs)."""
     sizes = [1]
-    if seen is None and any(
-        v is not None and v.shape is not None and not all(isinstance(d, int) for d in v.shape)
-        for v in node.inputs
+    if (
+        large
+        and seen is None
+        and any(
+            v is not None and v.shape is not None and not all(isinstance(d, int) for d in v.shape)
+            for v in node.inputs
+        )
     ):
         sizes.append(_LARGE)
     for unknown in sizes:
@@ -518,18 +540,23 @@ class _Worker:
         self._queue: collections.deque[tuple[Callable[[], None], TieredKernel]] = (
             collections.deque()
         )
+        #: Loads from the cache, served before any compile: a first run waits for them.
+        self._loads: collections.deque[tuple[Callable[[], None], TieredKernel]] = (
+            collections.deque()
+        )
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._current: TieredKernel | None = None
         self._busy = 0
         self._closed = ""
 
-    def submit(self, job: Callable[[], None], kernel: TieredKernel) -> None:
+    def submit(self, job: Callable[[], None], kernel: TieredKernel, first: bool = False) -> None:
+        """Queue ``job`` (building ``kernel``); ``first`` jobs go before every compile."""
         with self._cv:
             if self._closed:
                 kernel._fail(RuntimeError(self._closed))
                 return
-            self._queue.append((job, kernel))
+            (self._loads if first else self._queue).append((job, kernel))
             self._busy += 1
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -541,11 +568,11 @@ class _Worker:
     def _serve(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._closed:
+                while not self._loads and not self._queue and not self._closed:
                     self._cv.wait()
                 if self._closed:
                     return
-                job, self._current = self._queue.popleft()
+                job, self._current = (self._loads or self._queue).popleft()
             try:
                 job()
             finally:
@@ -563,7 +590,8 @@ class _Worker:
         cached for the next process), so every process moves the compile cache on."""
         ids = {id(k) for k in kernels}
         with self._cv:
-            dropped = [kernel for _, kernel in self._queue if id(kernel) in ids]
+            dropped = [k for _, k in (*self._loads, *self._queue) if id(k) in ids]
+            self._loads = collections.deque(e for e in self._loads if id(e[1]) not in ids)
             self._queue = collections.deque(e for e in self._queue if id(e[1]) not in ids)
             self._busy -= len(dropped)
             self._cv.notify_all()
@@ -574,7 +602,8 @@ class _Worker:
         """Take no more builds; fail those not started. Returns the thread to join."""
         with self._cv:
             self._closed = why
-            dropped = [kernel for _, kernel in self._queue]
+            dropped = [kernel for _, kernel in (*self._loads, *self._queue)]
+            self._loads.clear()
             self._queue.clear()
             self._busy -= len(dropped)
             self._cv.notify_all()
@@ -599,7 +628,7 @@ class _Worker:
             self._busy -= 1
             building._fail(RuntimeError("forked while compiling"))
             self._close("forked while compiling")
-        elif self._queue:
+        elif self._loads or self._queue:
             self._thread = threading.Thread(
                 target=self._serve, name="nxrt-cpu-compile", daemon=True
             )

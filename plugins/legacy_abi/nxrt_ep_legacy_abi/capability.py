@@ -9,7 +9,7 @@ op's own is supported too: ``Constant`` (made an initializer), ops with an
 ONNX function body whose ops it has kernels for (inlined), and float16 nodes
 on the CPU provider that have a float32 kernel (ORT inserts Casts). Supported
 nodes are then grouped into maximal weakly-connected sets that stay acyclic
-once each is contracted into one node (core's :func:`nxrt.claims.maximal_claims`).
+once each is contracted into one node (core's :class:`nxrt.compiling.CompilingProvider`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from nxrt.claims import captured_values, nested_graphs
 from nxrt.model import type_string_of
+from nxrt.registry import normalize_domain
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
 CPU_PROVIDER = "CPUExecutionProvider"
-
-
-def normalize_domain(domain: str) -> str:
-    return "" if domain in ("", "ai.onnx") else domain
 
 
 @dataclass(frozen=True)

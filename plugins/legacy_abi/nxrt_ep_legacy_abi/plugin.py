@@ -10,6 +10,9 @@ or registered with ``nxrt.register_execution_provider_library(name, path)``
 adds ``legacy_abi_<name>``, which also answers to ``name``. Whether a provider
 really loads is checked when its EP is instantiated, so a missing or broken
 one fails (``EpLoadFailed``) only when a session asks for it.
+
+Claims, refusal reasons and EPContext come from core's ``CompilingProvider``,
+which :class:`~nxrt_ep_legacy_abi.provider.LegacyOrtEp` extends.
 """
 
 from __future__ import annotations
@@ -21,10 +24,6 @@ import nxrt
 from nxrt.weight import ExecutionProviderCapabilities
 
 if TYPE_CHECKING:
-    import onnx_ir as ir
-
-    from nxrt.epcontext import EpContext
-    from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
     from nxrt.provider import ExecutionProvider
     from nxrt.registry import Registrar
     from nxrt_ep_legacy_abi.provider import LegacyOrtEp
@@ -61,35 +60,3 @@ def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities
     # ORT's kernels beat nxrt's numpy ones on the CPU; a device provider comes before both
     flags.append(f"preference:{10 if ep.device_type == 'cpu' else 30}")
     return ExecutionProviderCapabilities.from_flags(flags)
-
-
-@nxrt.hookimpl
-def nxrt_claim_subgraphs(
-    ep: ExecutionProvider, graph: ir.Graph, nodes: list[ir.Node]
-) -> list[SubgraphClaim] | None:
-    if not _ours(ep):
-        return None
-    return ep.claim(graph, nodes)
-
-
-@nxrt.hookimpl
-def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> KernelMatch | None:
-    if not _ours(ep):
-        return None
-    return ep.match(node, opset)
-
-
-@nxrt.hookimpl
-def nxrt_save_context(
-    ep: ExecutionProvider, claim: SubgraphClaim, kernel: Kernel
-) -> EpContext | None:
-    if not _ours(ep):
-        return None
-    return ep.save_context(claim, kernel)
-
-
-@nxrt.hookimpl
-def nxrt_load_context(ep: ExecutionProvider, context: EpContext) -> Kernel | None:
-    if not _ours(ep):
-        return None
-    return ep.load_context(context)

@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nxrt.compiling import CompilingProvider, ExportedKernel
 from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel
-from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
-from nxrt.provider import EpConfig, ExecutionProvider
+from nxrt.kernel import Kernel, SubgraphClaim
+from nxrt.provider import EpConfig
+from nxrt.registry import normalize_domain
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -200,7 +202,7 @@ class UnusedPartition(Kernel):
         return ()
 
 
-class LegacyOrtEp(ExecutionProvider):
+class LegacyOrtEp(CompilingProvider):
     """An EP whose claims run as standalone models on one ONNX Runtime provider.
 
     :param config: The session's settings; ``config.options`` as described in
@@ -209,6 +211,7 @@ class LegacyOrtEp(ExecutionProvider):
     """
 
     uses_host_blas = False  # ORT computes on its own thread pool and its own GEMMs
+    backend = "ONNX Runtime"
 
     def __init__(self, config: EpConfig | None = None, spec: OrtEpSpec | None = None) -> None:
         super().__init__(config)
@@ -244,7 +247,6 @@ class LegacyOrtEp(ExecutionProvider):
         )
         self.capability: Any = None
         self._devices: list[Any] = []
-        self._refusals: dict[int, str] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     def initialize(self) -> None:
@@ -277,28 +279,23 @@ class LegacyOrtEp(ExecutionProvider):
         self.capability = OrtCapability(self.ort_provider, library=is_library)
         super().initialize()
 
-    # -- capability and claims ------------------------------------------------------------------
-    def claim(self, graph: ir.Graph, nodes: Sequence[ir.Node]) -> list[SubgraphClaim]:
-        """Claims over the nodes ORT can run: maximal, connected, safe to contract."""
-        from nxrt.claims import maximal_claims
-        from nxrt_ep_legacy_abi.capability import boundary_refusals, normalize_domain
+    # -- capability ---------------------------------------------------------------------------
+    def opsets_for(
+        self, graph: ir.Graph, opsets: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
+        """The graph's own imports only: a claim's standalone model takes its opsets from
+        its graph, and an If/Loop body imports none, so its nodes are left to other EPs."""
+        return {normalize_domain(d): int(v) for d, v in graph.opset_imports.items()}
 
-        self._require_initialized()
-        opsets = {normalize_domain(d): int(v) for d, v in graph.opset_imports.items()}
-        groups, self._refusals = maximal_claims(
-            graph,
-            nodes,
-            lambda node: self.capability.refusal(node, opsets),
-            boundary_refusals,
-        )
-        return [SubgraphClaim(self.id, group) for group in groups]
+    def refusal(self, node: ir.Node, graph: ir.Graph, opsets: Mapping[str, int]) -> str:
+        return self.capability.refusal(node, opsets)
 
-    def match(self, node: ir.Node, opset: int) -> KernelMatch:
-        """This EP runs nodes only inside claims; the answer says why a node is not in one."""
-        reason = self._refusals.get(id(node))
-        if reason is None:
-            reason = "ONNX Runtime can run it, but no claim of this EP holds it"
-        return KernelMatch.no(reason)
+    def boundary_refusals(
+        self, nodes: Sequence[ir.Node], graph: ir.Graph, opsets: Mapping[str, int]
+    ) -> dict[int, str]:
+        from nxrt_ep_legacy_abi.capability import boundary_refusals
+
+        return boundary_refusals(nodes)
 
     # -- compiling ------------------------------------------------------------------------------
     def compile(self, claim: SubgraphClaim, graph: ir.Graph) -> PluginCompiledKernel | Kernel:
@@ -360,33 +357,29 @@ class LegacyOrtEp(ExecutionProvider):
             ) from exc
 
     # -- EPContext ------------------------------------------------------------------------------
-    def save_context(self, claim: SubgraphClaim, kernel: Kernel) -> EpContext:
-        """The compiled claim as an EPContext whose blob is its standalone model."""
+    @property
+    def sdk_version(self) -> str:
+        return str(self._ort.__version__)
+
+    @property
+    def hardware(self) -> str:
         import platform
 
-        from nxrt.epcontext import EpContext
+        return platform.machine()
+
+    def export(self, claim: SubgraphClaim, kernel: Kernel) -> ExportedKernel:
+        """The compiled claim's standalone model."""
         from nxrt_ep_legacy_abi.abi import PluginCompiledKernel
 
         if not isinstance(kernel, PluginCompiledKernel):
             raise InvalidArgument(
                 f"partition {claim.name!r} computes nothing read later: no context"
             )
-        return EpContext(
-            source=self.id,
-            ep_cache_context=kernel.model_bytes(),
-            partition_name=claim.name,
-            inputs=list(claim.inputs),
-            outputs=list(claim.outputs),
-            ep_sdk_version=self._ort.__version__,
-            hardware_architecture=platform.machine(),
-            notes=f"ONNX Runtime {self.ort_provider}",
-        )
+        return ExportedKernel(kernel.model_bytes(), notes=f"ONNX Runtime {self.ort_provider}")
 
-    def load_context(self, context: EpContext) -> PluginCompiledKernel:
+    def load(self, context: EpContext) -> PluginCompiledKernel:
         """A kernel from a saved standalone model; any ORT version that reads its opsets will do."""
         from nxrt_ep_legacy_abi.abi import PluginCompiledKernel
-
-        self._require_initialized()
 
         def make_session(blob: bytes, external: Mapping[str, np.ndarray]) -> Any:
             return self.make_session(blob, external, name=context.partition_name)

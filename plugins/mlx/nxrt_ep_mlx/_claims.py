@@ -4,22 +4,22 @@ A node is supported when its op has a translator at the node's opset, every
 attribute is one the translator knows, its inputs and outputs have the
 element types the op table allows, its shape-deciding inputs are constants,
 and the op's own check passes. :func:`refusal` says why when it is not; the
-EP's kernel-matching hook passes that reason on to the partition report.
-:func:`claimable` then leaves out constant work that only other EPs read.
-Grouping the claimable nodes into claims is core's
-(:func:`nxrt.claims.group_claims`: maximal, and safe to contract).
+EP passes that reason on to the partition report. :func:`left_out` names the
+supported nodes not worth claiming: constant work that only other EPs read.
+Grouping the rest into claims is core's (:class:`nxrt.compiling.CompilingProvider`:
+maximal, and safe to contract).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from onnx_ir import TensorType
 
 from nxrt.kernel import attribute_values
 from nxrt.registry import normalize_domain
-from nxrt_ep_mlx._graph import constant_array, is_used, node_opset
+from nxrt_ep_mlx._graph import constant_array, is_used
 from nxrt_ep_mlx.ops import MLX_OPS
 from nxrt_ep_mlx.ops._registry import FLOATS, MlxOp
 
@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
 _TYPE_NAMES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 16: "bfloat16"}
+#: Why a node mlx can run is in none of its claims.
+LEFT_OUT = (
+    "mlx runs whole claims only, and this node was left out of them "
+    "(constant work that only other EPs read, or a refused claim)"
+)
 
 
 def lookup(node: ir.Node, opset: int) -> MlxOp | None:
@@ -89,15 +94,16 @@ def refusal(node: ir.Node, opset: int) -> str:
     return ""
 
 
-def claimable(nodes: Sequence[ir.Node], opsets: Mapping[str, int]) -> list[ir.Node]:
-    """The nodes to claim: supported ones, except constant work only other EPs read.
+def left_out(nodes: Sequence[ir.Node], refused: Container[int]) -> list[ir.Node]:
+    """The supported nodes not to claim: constant work that only other EPs read.
 
     A node computed from constants alone is folded when its claim is
     compiled; if nothing mlx runs reads it, it is left to the next EP, whose
     session folds it once instead of a claim returning it on every run.
+
+    :param refused: The ids of the nodes mlx cannot run.
     """
     offered = {id(n) for n in nodes}
-    supported = {id(n) for n in nodes if not refusal(n, node_opset(n, opsets))}
     static: set[int] = set()
     for node in nodes:
         if all(
@@ -107,7 +113,7 @@ def claimable(nodes: Sequence[ir.Node], opsets: Mapping[str, int]) -> list[ir.No
             static.add(id(node))
     chosen: set[int] = set()
     for node in reversed(list(nodes)):
-        if id(node) not in supported:
+        if id(node) in refused:
             continue
         consumers = [c for c in node.successors()]
         if (
@@ -116,4 +122,4 @@ def claimable(nodes: Sequence[ir.Node], opsets: Mapping[str, int]) -> list[ir.No
             or any(id(c) in chosen for c in consumers if id(c) in offered)
         ):
             chosen.add(id(node))
-    return [n for n in nodes if id(n) in chosen]
+    return [n for n in nodes if id(n) not in refused and id(n) not in chosen]

@@ -3,11 +3,11 @@
 Importing this module, and registering, does not import MLX: the EP imports
 it when it is instantiated.
 
-The EP works through claims only: ``nxrt_claim_subgraphs`` claims maximal
-connected, cycle-safe groups of the nodes it supports (core's grouping), and
-each claim is compiled into one MLX function. ``nxrt_match_kernel`` therefore
-never matches a single node; it answers why a node was not claimed, which the
-partition report shows beside the node's fallback EP.
+The EP works through claims only: it is a ``CompilingProvider`` (core's
+base), which claims maximal connected, cycle-safe groups of the nodes it
+supports, and each claim is compiled into one MLX function. Kernel matching
+therefore never matches a single node; it answers why a node was not
+claimed, which the partition report shows beside the node's fallback EP.
 """
 
 from __future__ import annotations
@@ -16,20 +16,13 @@ import sys
 from typing import TYPE_CHECKING
 
 import nxrt
-from nxrt.claims import group_claims
-from nxrt.kernel import KernelMatch, SubgraphClaim
 from nxrt.weight import ExecutionProviderCapabilities
 
 if TYPE_CHECKING:
-    import onnx_ir as ir
-
-    from nxrt.epcontext import EpContext
-    from nxrt.kernel import Kernel
     from nxrt.provider import EpConfig, ExecutionProvider
     from nxrt.registry import Registrar
 
 EP_ID = "mlx"
-CONTEXT_SOURCE = "mlx"
 
 
 def _create(config: EpConfig) -> ExecutionProvider:
@@ -47,7 +40,7 @@ def nxrt_register(registry: Registrar) -> None:
         _create,
         # What discovery can tell without opening MLX; the instance decides (cpu: no copies).
         device_type="gpu" if sys.platform == "darwin" else "cpu",
-        context_sources=(CONTEXT_SOURCE,),
+        context_sources=(EP_ID,),  # the source key of its contexts is its id
         aliases=("MLXExecutionProvider",),
         description="MLX: claims subgraphs and compiles each with mx.compile",
         priority=20,  # declared order only; the device-aware preference below decides
@@ -74,46 +67,3 @@ def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities
             f"preference:{40 if ep.device_type == 'gpu' else -10}",
         ]
     )
-
-
-@nxrt.hookimpl
-def nxrt_claim_subgraphs(
-    ep: ExecutionProvider, graph: ir.Graph, nodes: list[ir.Node]
-) -> list[SubgraphClaim] | None:
-    if ep.id != EP_ID:
-        return None
-    from nxrt_ep_mlx._claims import claimable
-
-    chosen = claimable(nodes, ep.opsets_for(graph))  # type: ignore[attr-defined]
-    return [SubgraphClaim(ep.id, members) for members in group_claims(list(graph), chosen)]
-
-
-@nxrt.hookimpl
-def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> KernelMatch | None:
-    if ep.id != EP_ID:
-        return None
-    from nxrt_ep_mlx._claims import refusal
-
-    reason = refusal(node, opset)
-    if not reason:
-        reason = (
-            "mlx runs whole claims only, and this node was left out of them "
-            "(constant work that only other EPs read, or a refused claim)"
-        )
-    return KernelMatch.no(reason)
-
-
-@nxrt.hookimpl
-def nxrt_save_context(
-    ep: ExecutionProvider, claim: SubgraphClaim, kernel: Kernel
-) -> EpContext | None:
-    if ep.id != EP_ID:
-        return None
-    return ep.save_context(claim, kernel)
-
-
-@nxrt.hookimpl
-def nxrt_load_context(ep: ExecutionProvider, context: EpContext) -> Kernel | None:
-    if ep.id != EP_ID:
-        return None
-    return ep.load_context(context)

@@ -17,29 +17,35 @@ values crossing to other EPs are copied, as the partition report shows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nxrt.epcontext import EpContext
+from nxrt.compiling import CompilingProvider, ExportedKernel
 from nxrt.errors import InvalidModel
-from nxrt.provider import EpConfig, ExecutionProvider
+from nxrt.provider import EpConfig
+from nxrt_ep_mlx import _claims
 from nxrt_ep_mlx._backend import blas_info, load_mlx
+from nxrt_ep_mlx._graph import node_opset
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from nxrt.epcontext import EpContext
     from nxrt.kernel import Kernel, SubgraphClaim
 
-#: The EPContext ``source`` key of compiled mlx partitions.
-CONTEXT_SOURCE = "mlx"
 DEVICES = ("cpu", "gpu")
 
 
-class MlxExecutionProvider(ExecutionProvider):
-    """Claims subgraphs of supported ops and runs each as one ``mx.compile``d function."""
+class MlxExecutionProvider(CompilingProvider):
+    """Claims subgraphs of supported ops and runs each as one ``mx.compile``d function.
+
+    Its EPContext ``source`` key is its id, ``mlx``.
+    """
 
     id = "mlx"
+    backend = "MLX"
 
     def __init__(self, config: EpConfig | None = None) -> None:
         from nxrt_ep_mlx.ops import MLX_OPS
@@ -62,26 +68,29 @@ class MlxExecutionProvider(ExecutionProvider):
                 "use providers=[('mlx', {'device': 'cpu'})]"
             )
         self.device = mx.gpu if wanted == "gpu" else mx.cpu
-        #: The model's opset imports, remembered from the main graph: graph attributes
-        #: (If/Loop bodies) carry none, and the claim hook gets no opset (see ``opsets_for``).
-        self.opset_imports: dict[str, int] = {}
         self.device_type = wanted
         self.use_compile = str(options.get("compile", True)).lower() not in ("0", "false", "no")
         limit = options.get("memory_limit", self.config.memory_limit)
         if limit:
             mx.set_memory_limit(int(limit))
 
-    @property
-    def sdk_version(self) -> str:
-        return str(self.mx.__version__)
+    # -- claims -------------------------------------------------------------------------------
+    def refusal(self, node: ir.Node, graph: ir.Graph, opsets: Mapping[str, int]) -> str:
+        return _claims.refusal(node, node_opset(node, opsets))
+
+    def refusals_for(
+        self, nodes: Sequence[ir.Node], graph: ir.Graph, opsets: Mapping[str, int]
+    ) -> dict[int, str]:
+        """Also leaves out constant work that only other EPs read (``_claims.left_out``)."""
+        refusals = super().refusals_for(nodes, graph, opsets)
+        refusals.update((id(node), _claims.LEFT_OUT) for node in _claims.left_out(nodes, refusals))
+        return refusals
+
+    def unclaimed_reason(self, node: ir.Node, opset: int) -> str:
+        """The node's own refusal, if it has one: checking a node costs little here."""
+        return _claims.refusal(node, opset) or _claims.LEFT_OUT
 
     # -- kernels ------------------------------------------------------------------------------
-    def opsets_for(self, graph: ir.Graph) -> dict[str, int]:
-        """The opset imports that apply to ``graph``'s nodes."""
-        if graph.opset_imports:
-            self.opset_imports = dict(graph.opset_imports)
-        return self.opset_imports
-
     def compile(self, claim: SubgraphClaim, graph: ir.Graph) -> Kernel:
         """Translate the claim's nodes to MLX, fold constants, wrap the rest in ``mx.compile``."""
         from nxrt_ep_mlx._compiler import MlxKernel, Program
@@ -92,32 +101,33 @@ class MlxExecutionProvider(ExecutionProvider):
             program, self.device, to_host=self.device_type == "cpu", compiled=self.use_compile
         )
 
-    def save_context(self, claim: SubgraphClaim, kernel: Kernel) -> EpContext:
-        """The compiled claim as an EPContext: the ``mx.export_function`` blob, constants inside.
+    # -- EPContext ----------------------------------------------------------------------------
+    @property
+    def sdk_version(self) -> str:
+        return str(self.mx.__version__)
 
-        Its inputs are the claim's non-constant inputs: weights travel in the blob.
-        """
+    @property
+    def hardware(self) -> str:
+        return self.device_type
+
+    def export(self, claim: SubgraphClaim, kernel: Kernel) -> ExportedKernel:
+        """The ``mx.export_function`` blob, constants inside. Its inputs are the claim's
+        non-constant inputs: weights travel in the blob."""
         from nxrt_ep_mlx._compiler import MlxKernel
 
         if not isinstance(kernel, MlxKernel):
             raise TypeError(f"not a compiled mlx claim: {type(kernel).__name__}")
         program = kernel.program
-        return EpContext(
-            source=CONTEXT_SOURCE,
-            ep_cache_context=kernel.export(),
-            partition_name=claim.name,
-            ep_sdk_version=self.sdk_version,
-            hardware_architecture=self.device_type,
+        return ExportedKernel(
+            kernel.export(),
             inputs=[program.inputs[i] for i in program.dynamic_inputs],
-            outputs=list(program.outputs),
             notes=kernel.variant_reason,
         )
 
-    def load_context(self, context: EpContext) -> Kernel:
+    def load(self, context: EpContext) -> Kernel:
         """A kernel from a saved blob; one made by another MLX version or device is refused."""
         from nxrt_ep_mlx._compiler import ImportedKernel
 
-        self._require_initialized()
         if context.ep_sdk_version and context.ep_sdk_version != self.sdk_version:
             raise InvalidModel(
                 f"EPContext {context.partition_name!r} was compiled by MLX "

@@ -5,11 +5,12 @@ offered, other devices only when ``NXRT_OPENVINO_DEVICES`` asks (see
 :mod:`nxrt_ep_openvino.provider`), and OpenVINO opens when a session
 instantiates an EP.
 
-The EPs work through claims only: ``nxrt_claim_subgraphs`` claims maximal
-cycle-safe groups of the nodes OpenVINO converts and each claim is compiled
-into one OpenVINO model. ``nxrt_match_kernel`` therefore never matches a
-single node; it answers why a node was not claimed (OpenVINO's own reason),
-which the partition report shows beside the node's fallback EP.
+The EPs work through claims only: each is a ``CompilingProvider`` (core's
+base), which claims maximal cycle-safe groups of the nodes OpenVINO converts
+and compiles each claim into one OpenVINO model. Kernel matching therefore
+never matches a single node; it answers why a node was not claimed
+(OpenVINO's own reason), which the partition report shows beside the node's
+fallback EP.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ import nxrt
 from nxrt.weight import ExecutionProviderCapabilities
 
 if TYPE_CHECKING:
-    import onnx_ir as ir
-
-    from nxrt.epcontext import EpContext
-    from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
     from nxrt.provider import ExecutionProvider
     from nxrt.registry import Registrar
 
@@ -66,35 +63,3 @@ def nxrt_ep_capabilities(ep: ExecutionProvider) -> ExecutionProviderCapabilities
     flags += [f"dtype:{t}" for t in ("float32", "float16", "bfloat16", "int64", "int32", "bool")]
     flags.append("preference:20")  # the fastest CPU runtime measured here; measured first
     return ExecutionProviderCapabilities.from_flags(flags)
-
-
-@nxrt.hookimpl
-def nxrt_claim_subgraphs(
-    ep: ExecutionProvider, graph: ir.Graph, nodes: list[ir.Node], opsets: dict[str, int]
-) -> list[SubgraphClaim] | None:
-    if not _ours(ep):
-        return None
-    return ep.claim(graph, nodes, opsets)  # type: ignore[attr-defined]
-
-
-@nxrt.hookimpl
-def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> KernelMatch | None:
-    if not _ours(ep):
-        return None
-    return ep.match(node, opset)  # type: ignore[attr-defined]
-
-
-@nxrt.hookimpl
-def nxrt_save_context(
-    ep: ExecutionProvider, claim: SubgraphClaim, kernel: Kernel
-) -> EpContext | None:
-    if not _ours(ep):
-        return None
-    return ep.save_context(claim, kernel)
-
-
-@nxrt.hookimpl
-def nxrt_load_context(ep: ExecutionProvider, context: EpContext) -> Kernel | None:
-    if not _ours(ep):
-        return None
-    return ep.load_context(context)

@@ -41,10 +41,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nxrt.compiling import CompilingProvider, ExportedKernel
 from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel
-from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
-from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt.registry import normalize_domain
+from nxrt.kernel import Kernel, SubgraphClaim
+from nxrt.provider import EpConfig
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -146,7 +146,7 @@ def shared_core() -> Any:
     return _core
 
 
-class OpenVinoExecutionProvider(ExecutionProvider):
+class OpenVinoExecutionProvider(CompilingProvider):
     """An EP whose claims are standalone ONNX models compiled by OpenVINO for one device.
 
     :param config: The session's settings; ``config.options`` as the module docstring
@@ -155,6 +155,7 @@ class OpenVinoExecutionProvider(ExecutionProvider):
     """
 
     uses_host_blas = False  # OpenVINO computes on its own thread pool
+    backend = "OpenVINO"
     device_type = "cpu"  # values cross as host arrays; OpenVINO moves them to its device
 
     def __init__(self, config: EpConfig | None = None, spec: DeviceSpec | None = None) -> None:
@@ -188,8 +189,6 @@ class OpenVinoExecutionProvider(ExecutionProvider):
         self.core: Any = None
         self.compile_config: dict[Any, Any] = {}
         self.capability: OpenVinoCapability | None = None
-        self._refusals: dict[int, str] = {}
-        self._opsets: dict[str, int] = {}
 
     @property
     def base_device(self) -> str:
@@ -247,32 +246,29 @@ class OpenVinoExecutionProvider(ExecutionProvider):
         super().initialize()
 
     # -- claims ---------------------------------------------------------------------------------
+    def refusal(self, node: ir.Node, graph: ir.Graph, opsets: Mapping[str, int]) -> str:
+        assert self.capability is not None  # initialized
+        return self.capability.refusal(node, graph, opsets)
+
+    def boundary_refusals(
+        self, nodes: Sequence[ir.Node], graph: ir.Graph, opsets: Mapping[str, int]
+    ) -> dict[int, str]:
+        """What cannot cross the claim's edge, then what fails to compile as a whole: each
+        candidate claim is compiled here, and kept for :meth:`compile`."""
+        assert self.capability is not None  # initialized
+        return self.capability.claim_refusals(self.id, nodes, graph, opsets)
+
     def claim(
         self, graph: ir.Graph, nodes: Sequence[ir.Node], opsets: Mapping[str, int] | None = None
     ) -> list[SubgraphClaim]:
-        """Maximal cycle-safe claims over the nodes OpenVINO converts (core's grouping)."""
-        from nxrt.claims import maximal_claims
-
+        """Core's claims; the models compiled for candidates that were split again are dropped."""
         self._require_initialized()
         capability = self.capability
         assert capability is not None
-        imports = opsets or graph.opset_imports or self._opsets
-        self._opsets = {normalize_domain(d): int(v) for d, v in imports.items()}
         known = set(capability.compiled)
-        groups, refusals = maximal_claims(
-            graph,
-            nodes,
-            lambda node: capability.refusal(node, graph, self._opsets),
-            lambda group: capability.claim_refusals(self.id, group, graph, self._opsets),
-        )
-        capability.forget(groups, added=set(capability.compiled) - known)
-        self._refusals.update(refusals)
-        return [SubgraphClaim(self.id, group) for group in groups]
-
-    def match(self, node: ir.Node, opset: int) -> KernelMatch:
-        """This EP runs nodes only inside claims; the answer says why a node is not in one."""
-        default = "OpenVINO can run it, but no claim of this EP holds it"
-        return KernelMatch.no(self._refusals.get(id(node), default))
+        claims = super().claim(graph, nodes, opsets)
+        capability.forget([c.nodes for c in claims], added=set(capability.compiled) - known)
+        return claims
 
     # -- compiling ------------------------------------------------------------------------------
     def compile(self, claim: SubgraphClaim, graph: ir.Graph) -> Kernel:
@@ -283,7 +279,7 @@ class OpenVinoExecutionProvider(ExecutionProvider):
         self._require_initialized()
         capability = self.capability
         assert capability is not None
-        opsets = dict(self._opsets or graph.opset_imports)
+        opsets = self.opsets_for(graph)
         done = capability.take(claim)
         if done is not None:
             compiled, weights, feeds = done.model, done.weights, done.feeds
@@ -323,12 +319,17 @@ class OpenVinoExecutionProvider(ExecutionProvider):
             ) from exc
 
     # -- EPContext ------------------------------------------------------------------------------
-    def save_context(self, claim: SubgraphClaim, kernel: Kernel) -> EpContext:
-        """The compiled claim as an EPContext: OpenVINO's exported blob (and the ONNX model).
+    @property
+    def sdk_version(self) -> str:
+        return self.version
 
-        Its inputs are the values the compiled model reads: weights travel in the blob.
-        """
-        from nxrt.epcontext import EpContext
+    @property
+    def hardware(self) -> str:
+        return self.device
+
+    def export(self, claim: SubgraphClaim, kernel: Kernel) -> ExportedKernel:
+        """OpenVINO's exported blob (and the ONNX model). Its inputs are the values the
+        compiled model reads: weights travel in the blob."""
         from nxrt_ep_openvino.context import ContextBlob
         from nxrt_ep_openvino.kernel import OpenVinoKernel
 
@@ -343,26 +344,20 @@ class OpenVinoExecutionProvider(ExecutionProvider):
             except ValueError:  # over protobuf's 2 GiB: the blob alone
                 onnx_bytes = b""
         data = ContextBlob(self.version, self.device, self.precision, blob, onnx_bytes)
-        return EpContext(
-            source=self.id,
-            ep_cache_context=data.pack(),
-            partition_name=claim.name,
-            inputs=list(kernel.feed_names),
-            outputs=list(claim.outputs),
-            ep_sdk_version=self.version,
-            hardware_architecture=self.device,
+        return ExportedKernel(
+            data.pack(),
+            inputs=kernel.feed_names,
             notes=f"OpenVINO {self.device} at {self.precision}"
             + (", with its ONNX model" if onnx_bytes else ""),
         )
 
-    def load_context(self, context: EpContext) -> OpenVinoKernel:
+    def load(self, context: EpContext) -> OpenVinoKernel:
         """Import a saved blob without compiling; recompile its ONNX model where the blob
         is not for this OpenVINO, device or precision, or refuse with advice when none is kept."""
         from nxrt_ep_openvino.capability import short_reason
         from nxrt_ep_openvino.context import ContextBlob
         from nxrt_ep_openvino.kernel import OpenVinoKernel
 
-        self._require_initialized()
         name = context.partition_name
         data = ContextBlob.unpack(context.ep_cache_context, name)
         version = context.ep_sdk_version or data.openvino

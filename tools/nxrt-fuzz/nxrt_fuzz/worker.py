@@ -14,11 +14,11 @@ import sys
 import traceback
 import warnings
 
-from nxrt.fuzz import execute
-from nxrt.fuzz.build import Skip
-from nxrt.fuzz.case import Case
-from nxrt.fuzz.generate import generate_case
-from nxrt.fuzz.run import FAILURES, FUZZER_ERROR, evaluate
+from nxrt_fuzz import execute
+from nxrt_fuzz.build import Skip
+from nxrt_fuzz.case import Case
+from nxrt_fuzz.generate import generate_case
+from nxrt_fuzz.run import FAILURES, FUZZER_ERROR, evaluate
 
 
 def main(ep: str) -> None:

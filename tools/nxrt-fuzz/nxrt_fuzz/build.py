@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from nxrt.fuzz.case import make_model
+from nxrt_fuzz.case import make_model
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 I8, U8, I16, U16 = np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.uint16)

@@ -2,7 +2,7 @@
 
 A case is a pure function of ``(seed, index)``: the same pair gives the same
 model and feeds on any machine, so a run's report names cases by their pair
-and anyone can regenerate one (``python -m nxrt.fuzz --seed S --only I``).
+and anyone can regenerate one (``python -m nxrt_fuzz --seed S --only I``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from nxrt.fuzz import ops_nn  # noqa: F401  (imported for its registrations)
-from nxrt.fuzz.build import F16, F32, MAX_ELEMENTS, Builder, Skip, _all_inputs, run_ort, schema
-from nxrt.fuzz.case import Case, make_model
-from nxrt.fuzz.ops import GENERATORS
+from nxrt_fuzz import ops_nn  # noqa: F401  (imported for its registrations)
+from nxrt_fuzz.build import F16, F32, MAX_ELEMENTS, Builder, Skip, _all_inputs, run_ort, schema
+from nxrt_fuzz.case import Case, make_model
+from nxrt_fuzz.ops import GENERATORS
 
 #: Opsets a case is drawn at: the issue's 17 to 21 most often, older and newer ones too.
 OPSETS = (13, 15, 16, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21, 21, 22, 23, 24, 25, 26, 27, 28)

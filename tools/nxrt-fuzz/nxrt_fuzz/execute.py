@@ -1,7 +1,7 @@
 """Running one case on onnxruntime and on nxrt, and comparing their outputs.
 
-Its own module so that both the classifier (:mod:`nxrt.fuzz.run`) and the
-known-difference predicates (:mod:`nxrt.fuzz.known`) can run cases without
+Its own module so that both the classifier (:mod:`nxrt_fuzz.run`) and the
+known-difference predicates (:mod:`nxrt_fuzz.known`) can run cases without
 importing each other.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from nxrt.fuzz.case import Case
-from nxrt.fuzz.compare import mismatch
+from nxrt_fuzz.case import Case
+from nxrt_fuzz.compare import mismatch
 
 
 def _no_phase(phase: str) -> None:
@@ -76,7 +76,7 @@ def run_nxrt(
 
 def outputs_mismatch(case: Case, got: list[Any], expected: list[Any], loose: float = 1.0) -> str:
     """Why nxrt's outputs differ from onnxruntime's ('' when they agree); see
-    :func:`~nxrt.fuzz.compare.mismatch` for ``loose``."""
+    :func:`~nxrt_fuzz.compare.mismatch` for ``loose``."""
     if len(got) != len(expected):
         return f"{len(got)} outputs, expected {len(expected)}"
     for name, g, e in zip(case.output_names(), got, expected):

@@ -1,7 +1,7 @@
-"""Keep a minimized failure as a regression case: ``python -m nxrt.fuzz.regress CASE NAME``.
+"""Keep a minimized failure as a regression case: ``python -m nxrt_fuzz.regress CASE NAME``.
 
 The case is re-run on onnxruntime and its outputs become the expected ones;
-with ``--known ID`` (an entry of :mod:`nxrt.fuzz.known`) nxrt's outputs are
+with ``--known ID`` (an entry of :mod:`nxrt_fuzz.known`) nxrt's outputs are
 kept instead, because there onnxruntime is the one that departs from the
 spec, or, where the spec refuses the model, none: nxrt must refuse it. The
 note records which, so the regression test knows what to check.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from nxrt.fuzz.case import Case
-from nxrt.fuzz.run import run_nxrt, run_onnxruntime
+from nxrt_fuzz.case import Case
+from nxrt_fuzz.run import run_nxrt, run_onnxruntime
 
 KNOWN_PREFIX = "known: "
 #: The note of a known-difference case nxrt must refuse (it then has no expected outputs).
@@ -39,7 +39,7 @@ def keep(source: str, name: str, folder: str, known: str = "") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m nxrt.fuzz.regress", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m nxrt_fuzz.regress", description=__doc__)
     parser.add_argument("case", help="a saved case (.npz), e.g. from fuzz-out/")
     parser.add_argument("name", help="the regression's name, e.g. clip_default_bounds")
     parser.add_argument("--known", default="", help="the known-difference id it shows")

@@ -1,10 +1,10 @@
 """Generators for the elementwise, reduction, shape, indexing and math ops.
 
-Each generator takes a :class:`~nxrt.fuzz.build.Builder` and returns one node
+Each generator takes a :class:`~nxrt_fuzz.build.Builder` and returns one node
 (or a list: a small fragment) with every attribute the op's schema defines
 drawn from its valid range, and left out now and then so defaults are
 tested too. Inputs come from the builder: an earlier value when one fits,
-else a new graph input. A generator raises :class:`~nxrt.fuzz.build.Skip`
+else a new graph input. A generator raises :class:`~nxrt_fuzz.build.Skip`
 when what it drew cannot make the op.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from nxrt.fuzz.build import (
+from nxrt_fuzz.build import (
     BOOL,
     DTYPES,
     F16,

@@ -10,7 +10,7 @@ culprit (its one-node case is what gets minimized and saved). A graph whose
 every node agrees alone but whose outputs drift apart (a Floor or a
 comparison after a rounding difference) is ``drift``, unless nxrt without
 its graph optimizations agrees: then nxrt's optimizer is the culprit. A
-culprit that matches an entry of :mod:`nxrt.fuzz.known` (where the ONNX spec
+culprit that matches an entry of :mod:`nxrt_fuzz.known` (where the ONNX spec
 and onnxruntime disagree and nxrt follows the spec) is a ``known
 difference``, not a failure.
 """
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from nxrt.fuzz.build import _all_inputs
-from nxrt.fuzz.case import Case, make_model
-from nxrt.fuzz.execute import (
+from nxrt_fuzz.build import _all_inputs
+from nxrt_fuzz.case import Case, make_model
+from nxrt_fuzz.execute import (
     NxrtCrashed,
     outputs_mismatch,
     run_nxrt,
@@ -87,7 +87,7 @@ def evaluate(case: Case, ep: str = "cpu") -> Outcome:
 
 
 def _classify(case: Case, ep: str, expected: list[Any] | str, got: list[Any] | str) -> Outcome:
-    from nxrt.fuzz.known import known_difference
+    from nxrt_fuzz.known import known_difference
 
     if isinstance(expected, str) and isinstance(got, str):
         return Outcome(BOTH_REFUSED, f"ort: {expected[:300]} | nxrt: {got[:300]}")
@@ -119,7 +119,7 @@ def _classify(case: Case, ep: str, expected: list[Any] | str, got: list[Any] | s
 
 def localize(case: Case, ep: str) -> Outcome | None:
     """The first node that, run alone on onnxruntime's values, nxrt gets wrong or refuses."""
-    from nxrt.fuzz.known import known_difference
+    from nxrt_fuzz.known import known_difference
 
     values = intermediates(case)
     if values is None:

@@ -1,18 +1,19 @@
 """nxrt's differential fuzzer: random graphs, run on nxrt and on onnxruntime, compared.
 
 A case is a graph of 1 to 8 nodes over every op the EP and onnxruntime both
-run (:func:`~nxrt.fuzz.generate.fuzzed_ops`), each attribute drawn from its
+run (:func:`~nxrt_fuzz.generate.fuzzed_ops`), each attribute drawn from its
 schema's valid range, dtypes from float16 to bool, shapes with 0 and 1
 dims, NaN and infinities in the inputs. Each case runs in a worker process
-with a timeout (:mod:`nxrt.fuzz.pool`), is classified
-(:mod:`nxrt.fuzz.run`), and every failure is minimized and saved as a
-regression case (``.npz``, :class:`~nxrt.fuzz.case.Case`)::
+with a timeout (:mod:`nxrt_fuzz.pool`), is classified
+(:mod:`nxrt_fuzz.run`), and every failure is minimized and saved as a
+regression case (``.npz``, :class:`~nxrt_fuzz.case.Case`)::
 
-    python -m nxrt.fuzz --cases 10000 --seed 0             # the large run
-    python -m nxrt.fuzz --cases 300 --seed 1 --ep mlx      # another EP, on the ops it claims
-    python -m nxrt.fuzz --seed 0 --only 4711 --show        # one case, printed and classified
+    python -m nxrt_fuzz --cases 10000 --seed 0             # the large run
+    python -m nxrt_fuzz --cases 300 --seed 1 --ep mlx      # another EP, on the ops it claims
+    python -m nxrt_fuzz --seed 0 --only 4711 --show        # one case, printed and classified
 
-onnxruntime is the oracle, imported only here (it is a test dependency).
+onnxruntime is the oracle, imported only here: this distribution
+(``tools/nxrt-fuzz``) depends on it, the nxrt runtime does not.
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ import sys
 import time
 from collections.abc import Sequence
 
-from nxrt.fuzz.case import Case
-from nxrt.fuzz.pool import DEFAULT_TIMEOUT, Report, fuzz
-from nxrt.fuzz.run import FAILURES, KINDS, Outcome, evaluate
+from nxrt_fuzz.case import Case
+from nxrt_fuzz.pool import DEFAULT_TIMEOUT, Report, fuzz
+from nxrt_fuzz.run import FAILURES, KINDS, Outcome, evaluate
 
 __all__ = ["Case", "FAILURES", "KINDS", "Outcome", "Report", "evaluate", "fuzz", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m nxrt.fuzz", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m nxrt_fuzz", description=__doc__.split("\n")[0])
     parser.add_argument("--cases", type=int, default=300, help="how many cases (default 300)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start", type=int, default=0, help="index of the first case")
@@ -50,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     if args.only and args.show:
-        from nxrt.fuzz.generate import generate_case
+        from nxrt_fuzz.generate import generate_case
 
         for index in args.only:
             case = generate_case(args.seed, index, args.ep, args.ops)

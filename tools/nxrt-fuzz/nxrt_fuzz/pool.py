@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from nxrt.fuzz.case import Case
-from nxrt.fuzz.run import (
+from nxrt_fuzz.case import Case
+from nxrt_fuzz.run import (
     CRASH,
     DRIFT,
     FAILURES,
@@ -64,7 +64,7 @@ class Worker:
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(name, "1")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "nxrt.fuzz.worker", self.ep],
+            [sys.executable, "-m", "nxrt_fuzz.worker", self.ep],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -169,7 +169,7 @@ class Report:
         if self.ep != "cpu":
             placed = f"; {self.ep_cases} cases gave {self.ep_nodes} nodes to {self.ep}"
         return (
-            f"nxrt.fuzz {self.ep} seed {self.seed}: {self.cases} cases: {parts or 'none'}; "
+            f"nxrt_fuzz {self.ep} seed {self.seed}: {self.cases} cases: {parts or 'none'}; "
             f"failures {failed} (wrong result {self.counts.get('wrong result', 0)}, "
             f"nxrt-only error {self.counts.get('nxrt-only error', 0)}, "
             f"crash {self.counts.get('crash', 0)}, hang {self.counts.get('hang', 0)}){placed}"

@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from nxrt.fuzz.case import Case
-from nxrt.fuzz.compare import mismatch
+from nxrt_fuzz.case import Case
+from nxrt_fuzz.compare import mismatch
 
 Inputs = Sequence["np.ndarray | None"]
 
@@ -74,7 +74,7 @@ def finite_twin_agrees(case: Case) -> bool:
     """Whether onnxruntime and nxrt agree once every NaN and infinity in the feeds is
     replaced by a finite number: then the two differ only in how non-finite values
     propagate."""
-    from nxrt.fuzz.execute import outputs_mismatch, run_nxrt, run_onnxruntime
+    from nxrt_fuzz.execute import outputs_mismatch, run_nxrt, run_onnxruntime
 
     twin = Case(case.model, _finite(case.feeds))
     expected, got = run_onnxruntime(twin), run_nxrt(twin)
@@ -123,7 +123,7 @@ def _non_finite_and_twin(case: Case, got: list[Any] | str) -> bool:
         return False
     if agrees_with_reference(case, got, reshape=True):
         return True
-    from nxrt.fuzz.execute import run_nxrt
+    from nxrt_fuzz.execute import run_nxrt
 
     twin = Case(case.model, _finite(case.feeds))
     return not agrees_with_reference(twin, run_nxrt(twin), reshape=True)
@@ -326,7 +326,7 @@ def _resize_integers_in_float32(node: onnx.NodeProto, inputs: Inputs) -> bool:
 def _as_float64_resize(case: Case, got: list[Any] | str) -> bool:
     """nxrt's integers are, within 1, what it computes for the same values as float64
     (truncated and saturated): the integer path adds nothing but the final cast."""
-    from nxrt.fuzz.execute import run_nxrt
+    from nxrt_fuzz.execute import run_nxrt
 
     if isinstance(got, str):
         return False

@@ -1,7 +1,7 @@
 """Generators for convolution, pooling, normalization, resampling, detection, recurrent,
 attention, quantization, signal, sequence and control-flow ops.
 
-Like :mod:`nxrt.fuzz.ops`: every schema attribute drawn from its valid
+Like :mod:`nxrt_fuzz.ops`: every schema attribute drawn from its valid
 range (auto_pad modes, strides larger than the kernel, dilations, pads that
 crop, ceil_mode, ...), left out now and then to test its default.
 """
@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from nxrt.fuzz.build import BOOL, F32, FLOATS, I32, I64, Builder, Skip
-from nxrt.fuzz.ops import fl, flag, gen, scalar_or_1d, since
+from nxrt_fuzz.build import BOOL, F32, FLOATS, I32, I64, Builder, Skip
+from nxrt_fuzz.ops import fl, flag, gen, scalar_or_1d, since
 
 # -- convolution and pooling --------------------------------------------------------------------
 
