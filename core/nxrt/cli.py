@@ -112,8 +112,7 @@ def _capabilities(host: Any, descriptor: Any) -> list[str] | str:
 
     try:
         ep = descriptor.factory(EpConfig())
-        ep.id = descriptor.id
-        ep.ops = ep.ops or descriptor.ops
+        ep.bind(descriptor.id, ops=ep.ops or descriptor.ops)
         return sorted(host.capabilities(ep, descriptor.plugin).flags)
     except Exception as exc:  # noqa: BLE001 - shown, not raised: the listing must go on
         return f"unavailable: {exc!r}"

@@ -58,8 +58,7 @@ def _descriptor(ep_id: str) -> Any:
 def _provider(ep_id: str) -> ExecutionProvider:
     descriptor = _descriptor(ep_id)
     ep = descriptor.factory(EpConfig())
-    ep.id = descriptor.id
-    ep.ops = ep.ops or descriptor.ops
+    ep.bind(descriptor.id, ops=ep.ops or descriptor.ops)
     ep.initialize()
     return ep
 

@@ -1,7 +1,7 @@
 """What ``SessionOptions`` changes in a session's model, and the optimized model it writes.
 
-Session creation (:func:`nxrt.pipeline.create`) calls these between its
-stages: right after loading, the caller's initializers and free-dimension
+Session creation calls these from its stages: in ``load``
+(:func:`nxrt.pipeline.load`), the caller's initializers and free-dimension
 values replace the model's (``add_initializer``, ``add_external_initializers``,
 ``add_free_dimension_override_by_name``); once the plan is made, the
 optimized graph is written where ``optimized_model_filepath`` says.
