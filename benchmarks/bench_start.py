@@ -19,14 +19,19 @@ Per model and runtime::
 Runtimes: ``cpu`` (nxrt, ``providers=["cpu"]``, the default ``nxrt.cpu.compile``),
 ``cpu-wait`` (``nxrt.cpu.compile=wait``), ``default`` (nxrt's default selection,
 no ``providers``), ``ort`` (onnxruntime's CPUExecutionProvider). Models: the
-embedded digits classifier ``nxrt run`` runs (its batch of 450), and the onnx
-package's light models. It also times ``nxrt.get_available_providers()`` and
+embedded digits classifier ``nxrt run`` runs (its batch of 450), the onnx
+package's light models (``resnet50`` is the onnx package's), and the real
+architectures of ``torch_models.py`` named ``torch:NAME`` (``torch:resnet50``,
+``torch:mobilenet_v2``, ``torch:bert_base``, ...: exported once, before any case,
+into ``--model-dir``; they need torch). It also times ``nxrt.get_available_providers()`` and
 ``import onnxruntime`` in fresh processes.
 
 Run::
 
     python benchmarks/bench_start.py             # digits, resnet50, squeezenet, shufflenet
     python benchmarks/bench_start.py --models squeezenet --runtimes cpu,ort
+    python benchmarks/bench_start.py --models torch:resnet50 torch:mobilenet_v2 \
+        torch:efficientnet_b0 torch:bert_base --runtimes cpu,default,ort
     python benchmarks/bench_start.py --plugin-path /tmp/old/plugins/cpu   # another nxrt-ep-cpu
     python benchmarks/bench_start.py --json out.json
 
@@ -49,6 +54,8 @@ from typing import Any
 
 DEFAULT_MODELS = ("digits", "resnet50", "squeezenet", "shufflenet")
 RUNTIMES = ("cpu", "cpu-wait", "default", "ort")
+#: The prefix of a model of torch_models.py.
+TORCH = "torch:"
 
 
 def cpu_name() -> str:
@@ -78,9 +85,15 @@ def cpu_name() -> str:
 # -- the child: one measurement in a fresh process -----------------------------------------------
 
 
-def _load(model: str) -> tuple[Any, Any]:
+def _load(model: str, model_dir: str) -> tuple[Any, Any]:
     """The model (path or bytes) and its feeds."""
     import numpy as np
+
+    if model.startswith(TORCH):  # exported by main() into model_dir
+        import torch_models
+
+        name = model.removeprefix(TORCH)
+        return torch_models.model_path(name, model_dir), torch_models.feeds_for(name)
 
     if model == "digits":
         from importlib import resources
@@ -93,9 +106,9 @@ def _load(model: str) -> tuple[Any, Any]:
     return light_model_path(model), None
 
 
-def child(runtime: str, model: str, repeat: int, threads: int) -> dict[str, Any]:
+def child(runtime: str, model: str, repeat: int, threads: int, model_dir: str) -> dict[str, Any]:
     started = time.perf_counter()
-    source, feeds = _load(model)
+    source, feeds = _load(model, model_dir)
     if runtime == "ort":
         import onnxruntime as ort
 
@@ -188,6 +201,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: default)")
     parser.add_argument("--plugin-path", help="a folder holding another nxrt_ep_cpu, put first")
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument(
+        "--model-dir", help="where torch_models.py's models are exported (default: a temporary one)"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -195,7 +211,7 @@ def main() -> int:
         if kind == "probe":
             print(json.dumps({"s": probe(rest[0])}))
         else:
-            print(json.dumps(child(kind, rest[0], int(rest[1]), int(rest[2]))))
+            print(json.dumps(child(kind, rest[0], int(rest[1]), int(rest[2]), rest[3])))
         return 0
 
     runtimes = args.runtimes.split(",")
@@ -203,6 +219,12 @@ def main() -> int:
     print(f"python {sys.version.split()[0]}; plugin path: {args.plugin_path or 'installed'}")
     results: dict[str, Any] = {"cpu": cpu_name(), "rows": [], "probes": {}}
     with tempfile.TemporaryDirectory(prefix="bench_start_") as root:
+        model_dir = args.model_dir or os.path.join(root, "models")
+        for model in args.models:
+            if model.startswith(TORCH):
+                import torch_models
+
+                torch_models.build(model.removeprefix(TORCH), model_dir)
         for what in ("nxrt-providers", "ort-import"):
             env = environment(os.path.join(root, what), args.plugin_path)
             results["probes"][what] = run_child(["probe", what], env)["s"]
@@ -210,7 +232,7 @@ def main() -> int:
             for runtime in runtimes:
                 folder = os.path.join(root, f"{model}-{runtime}")
                 env = environment(folder, args.plugin_path)
-                common = [model, str(args.repeat), str(args.threads)]
+                common = [model, str(args.repeat), str(args.threads), model_dir]
                 cold = run_child([runtime, *common], env)
                 warm = run_child([runtime, *common], env)
                 row = {"model": model, "runtime": runtime, "cold": cold, "warm": warm}
