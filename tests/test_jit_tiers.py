@@ -159,6 +159,28 @@ def test_loads_from_the_cache_go_before_compiles(cold):
     assert order == ["load", "compile"]
 
 
+def test_holding_compiles_waits_for_the_build_in_progress_and_starts_no_other(cold):
+    """What selection times its candidates in: no compile runs beside a timed run."""
+    gate, order = threading.Event(), []
+    compiling._worker.submit(gate.wait, compiling.TieredKernel(Kernel()))  # in progress
+    compiling._worker.submit(lambda: order.append("compile"), compiling.TieredKernel(Kernel()))
+    with compiling.hold_compiles(timeout=0.05):  # the build in progress outlasts the wait
+        gate.set()
+        assert not compiling.wait_for_compiled(timeout=0.2)  # the compile does not start
+        compiling._worker.submit(
+            lambda: order.append("load"), compiling.TieredKernel(Kernel()), True
+        )
+        assert compiling._worker.wait(timeout=5) is False and order == ["load"]  # loads go on
+    assert compiling.wait_for_compiled(timeout=30) and order == ["load", "compile"]
+    started = threading.Event()
+    compiling._worker.submit(
+        lambda: (started.set(), threading.Event().wait(0.3)), compiling.TieredKernel(Kernel())
+    )
+    started.wait(5)
+    with compiling.hold_compiles(timeout=30):  # waits for the build in progress
+        assert compiling.wait_for_compiled(timeout=0)
+
+
 def test_wait_for_compiled_makes_runs_bit_identical(held):
     session = _session(DIGITS, compiling.BACKGROUND)
     feeds = _feeds(session)

@@ -52,6 +52,7 @@ CLI use this module, not the session's internals.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
@@ -867,6 +868,14 @@ class _Trial:
             ep.wait_for_compiled(max(0.0, deadline - time.monotonic()))
             for ep, _ in self.built.providers.eps
         )
+
+    def hold_compiles(self, timeout: float) -> contextlib.ExitStack[bool | None]:
+        """While it is timed: the plan's EPs start no background compile."""
+        stack = contextlib.ExitStack()
+        deadline = time.monotonic() + timeout
+        for ep, _ in self.built.providers.eps:
+            stack.enter_context(ep.hold_compiles(max(0.0, deadline - time.monotonic())))
+        return stack
 
     def discard(self) -> None:
         """The candidate lost: its EPs drop the compiles they have not started."""

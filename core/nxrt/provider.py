@@ -8,6 +8,7 @@ override the buffer and copy methods, and EPs that fuse override ``compile``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -136,6 +137,14 @@ class ExecutionProvider:
     def cancel_compiles(self) -> None:
         """Drop the background compiles this EP has not started: its session was
         discarded (a candidate selection did not choose). The default: none are pending."""
+
+    def hold_compiles(
+        self, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """While selection times candidates: start no new background compile (a build in
+        progress is waited for, at most ``timeout`` seconds), so that no candidate's time
+        holds another's compiling. The default: nothing compiles in the background."""
+        return contextlib.nullcontext()
 
     def compile(self, claim: SubgraphClaim, graph: ir.Graph) -> Kernel:
         """Compile a claimed subgraph into one kernel; EPs that claim must override it."""

@@ -6,18 +6,21 @@ none, the session's provider-selection policy decides
 ``OrtExecutionProviderDevicePolicy``):
 
 - ``MEASURE`` (nxrt's default, also ``DEFAULT`` and ``MAX_PERFORMANCE``):
-  build every candidate plan — each installed EP with the cpu fallback, cpu
-  alone, and mixes where a second EP takes what the first left to cpu — run
+  build every candidate plan — cpu alone, each installed EP with the cpu
+  fallback, and mixes where a second EP takes what the first left to cpu — run
   each once untimed (its one-time costs: building, compiling, first-run
   allocation, reported beside its time but never part of it), then time it on
   feeds made from the model's input types and shapes, and keep the fastest.
   Candidates that fail to build or run are skipped and reported. A candidate
   whose EPs compile in the background (the cpu EP's tiered kernels) is timed
-  once they are done (``ExecutionProvider.wait_for_compiled``; the wait is a
-  one-time cost), so its time is its steady speed; one still compiling when
-  the budget runs out is timed on its interim kernels, and the decision is not
-  cached. The candidates not chosen drop the compiles they have not started
-  (``ExecutionProvider.cancel_compiles``). The budget is
+  once its own kernels are built (``ExecutionProvider.wait_for_compiled``; the
+  wait is a one-time cost), so its time is its steady speed; every time is
+  taken with background compiling held (``ExecutionProvider.hold_compiles``),
+  so no candidate is timed beside another's compile. One still compiling when
+  the budget runs out is timed on its interim kernels: if it wins anyway the
+  decision stands (compiled kernels only make it faster), else the decision
+  serves this session only. The candidates not chosen drop the compiles they
+  have not started (``ExecutionProvider.cancel_compiles``). The budget is
   wall-clock time from the start of selection: no candidate is built, and no
   timing round started, once it is spent, so selection ends within the budget
   plus one candidate's build. The decision is cached on disk only when every
@@ -58,6 +61,7 @@ Config entries (``SessionOptions.add_session_config_entry``):
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import json
@@ -89,6 +93,9 @@ DEFAULT_RUNS = 7
 #: Untimed run-in before each candidate's timed block (config ``nxrt.selection.settle_ms``).
 SETTLE_MS = "nxrt.selection.settle_ms"
 DEFAULT_SETTLE_MS = 100.0
+#: The longest wait (ms) for a background build in progress before timing, once the
+#: budget is spent (before, the rest of the budget).
+HOLD_WAIT_MS = 1000.0
 #: Timed blocks per candidate; ``runs`` samples are spread over them.
 BLOCKS = 2
 CACHE_FORMAT = 4
@@ -167,13 +174,13 @@ def order_for_device(eps: Sequence[EpInfo], policy: ExecutionProviderDevicePolic
 
 
 def candidates(eps: Sequence[EpInfo], fallback: str = "cpu") -> list[list[str]]:
-    """The single-EP candidates in the order they are built: the EP of highest preference
-    with the fallback, the fallback alone (the baseline: given the budget for a second
-    build, the choice is never slower than it), then every other EP with the fallback.
-    Mixes are added by :func:`measure` once a plan shows what its first EP left to the
-    fallback."""
+    """The single-EP candidates in the order they are built: the fallback alone first (the
+    baseline, and the candidate that compiles in the background on a cold machine: built
+    first, it compiles while the others build), then every other EP with the fallback,
+    by preference. Mixes are added by :func:`measure` once a plan shows what its first EP
+    left to the fallback."""
     others = [[e.id, fallback] for e in order_by_preference(eps) if e.id != fallback]
-    return [*others[:1], [fallback], *others[1:]]
+    return [[fallback], *others]
 
 
 # -- feeds -----------------------------------------------------------------------------------------
@@ -310,6 +317,16 @@ class Candidate:
         return bool(self.skipped) and self.skipped != NOT_MEASURED
 
 
+def decided(tried: Sequence[Candidate], choice: Sequence[str]) -> bool:
+    """Whether a choice among ``tried`` holds for every later session: each candidate was
+    measured (or failed), the chosen one possibly while still compiling (timed on its
+    interim kernels and still the fastest, its compiled kernels only make it faster)."""
+    return all(
+        c.measured or (c.compiling and c.time_ms is not None and c.providers == list(choice))
+        for c in tried
+    )
+
+
 @dataclass
 class SelectionReport:
     """How a session's EPs were chosen (shown by ``get_partition()`` and the CLI)."""
@@ -326,7 +343,7 @@ class SelectionReport:
     @property
     def complete(self) -> bool:
         """Whether every candidate was measured (or failed): only such a decision is cached."""
-        return all(c.measured for c in self.candidates)
+        return decided(self.candidates, self.choice)
 
     def lines(self) -> list[str]:
         how = "from the cache" if self.from_cache else f"in {self.seconds:.2f} s"
@@ -360,7 +377,8 @@ def _duration(ms: float) -> str:
 # -- measuring -------------------------------------------------------------------------------------
 class CandidatePlan(Protocol):
     """A built candidate as :func:`measure` uses it. It may also have
-    ``wait_for_compiled(timeout) -> bool`` and ``discard()`` (its EPs' background compiles)."""
+    ``wait_for_compiled(timeout) -> bool``, ``hold_compiles(timeout)`` (a context in which
+    no background compile starts) and ``discard()``: its EPs' background compiles."""
 
     def run(self, feeds: dict[str, Any]) -> None:
         """Run the plan once."""
@@ -386,7 +404,7 @@ class Measurement:
     @property
     def complete(self) -> bool:
         """Whether every candidate was measured (or failed): only then may it be cached."""
-        return all(c.measured for c in self.candidates)
+        return decided(self.candidates, self.choice)
 
 
 @dataclass
@@ -465,13 +483,13 @@ def measure(
             plan.run(feeds)  # one-time costs: first-run allocations, lazy compilation
             t2 = time.perf_counter()
             candidate.first_run_ms = (t2 - t1) * 1000
-            plan.run(feeds)
+            plan.run(feeds)  # sizes its samples; timed later, with compiles held
             warm_ms = (time.perf_counter() - t2) * 1000
         except Exception as exc:  # noqa: BLE001 - a candidate that fails is skipped, never fatal
             candidate.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             continue
         repeat = min(50, max(1, int(1.0 / max(warm_ms, 1e-3))))
-        built.append(_Timed(candidate, plan, repeat, [warm_ms]))
+        built.append(_Timed(candidate, plan, repeat))
         if len(providers) == 2 and plan.leftover():
             for other in order_by_preference(eps):
                 mix = [providers[0], other.id, fallback]
@@ -479,21 +497,19 @@ def measure(
                     queue.insert(0, mix)
                     break
     compiling = _wait_for_compiles(built, spent, budget_ms)
-    if compiling:
-        note = note or (
-            f"{', '.join(compiling)} still compiling when the budget of {budget_ms:.0f} ms was "
-            "spent, so timed on interim kernels: this choice serves this session only (not cached)"
-        )
-    first_samples = {id(t): list(t.samples) for t in built}
-    for t in built:
-        t.samples.clear()
     blocks = max(1, min(BLOCKS, runs))
     per_block = max(1, -(-runs // blocks))
-    for block in range(blocks):
-        order = [built[(block + k) % len(built)] for k in range(len(built))] if built else []
-        if any(_time_block(t, feeds, settle_ms, per_block, spent, budget_ms) for t in order):
-            note = note or f"budget of {budget_ms:.0f} ms spent in timing block {block + 1}"
-            break
+    first_samples: dict[int, list[float]] = {}
+    # every time is taken with background compiles held, even once the budget is spent
+    with _holding([t.plan for t in built], max(budget_ms - spent(), HOLD_WAIT_MS)):
+        for t in built:  # one sample each, whatever the budget: a choice needs them
+            _time_block(t, feeds, 0.0, 1, lambda: 0.0, budget_ms)
+            first_samples[id(t)], t.samples = t.samples, []
+        for block in range(blocks):
+            order = [built[(block + k) % len(built)] for k in range(len(built))] if built else []
+            if any(_time_block(t, feeds, settle_ms, per_block, spent, budget_ms) for t in order):
+                note = note or f"budget of {budget_ms:.0f} ms spent in timing block {block + 1}"
+                break
     best: _Timed | None = None
     for t in built:
         if t.candidate.skipped:
@@ -506,7 +522,31 @@ def measure(
             t.plan.discard()
     if best is None:
         return Measurement([fallback], None, results, note or "every candidate failed")
+    if compiling:
+        still = f"{', '.join(compiling)} still compiling when the budget of {budget_ms:.0f} ms "
+        if decided(results, best.candidate.providers):
+            still += "was spent, timed on interim kernels and still the fastest"
+        else:
+            still += (
+                "was spent, so timed on interim kernels: this choice serves this session "
+                "only (not cached)"
+            )
+        note = f"{note}; {still}" if note else still
     return Measurement(best.candidate.providers, best.plan, results, note)
+
+
+def _holding(
+    plans: Sequence[CandidatePlan], timeout_ms: float
+) -> contextlib.ExitStack[bool | None]:
+    """A context in which none of ``plans``' EPs starts a background compile (each waits
+    for the build in progress, within ``timeout_ms``): a time taken in it is the plan's."""
+    stack = contextlib.ExitStack()
+    deadline = time.perf_counter() + max(0.0, timeout_ms) / 1000
+    for plan in plans:
+        hold = getattr(plan, "hold_compiles", None)
+        if hold is not None:
+            stack.enter_context(hold(max(0.0, deadline - time.perf_counter())))
+    return stack
 
 
 def _wait_for_compiles(

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -60,7 +61,7 @@ import os
 import platform
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -549,6 +550,8 @@ class _Worker:
         self._current: TieredKernel | None = None
         self._busy = 0
         self._closed = ""
+        #: Holds in force (:meth:`held`): no compile starts while one is; loads still do.
+        self._held = 0
 
     def submit(self, job: Callable[[], None], kernel: TieredKernel, first: bool = False) -> None:
         """Queue ``job`` (building ``kernel``); ``first`` jobs go before every compile."""
@@ -568,7 +571,9 @@ class _Worker:
     def _serve(self) -> None:
         while True:
             with self._cv:
-                while not self._loads and not self._queue and not self._closed:
+                while not self._loads and not (self._queue and not self._held):
+                    if self._closed:
+                        break
                     self._cv.wait()
                 if self._closed:
                     return
@@ -584,6 +589,21 @@ class _Worker:
     def wait(self, timeout: float | None = None) -> bool:
         with self._cv:
             return self._cv.wait_for(lambda: self._busy == 0, timeout)
+
+    @contextlib.contextmanager
+    def held(self, timeout: float | None = None) -> Iterator[None]:
+        """No compile starts inside: the build in progress is waited for first (at most
+        ``timeout`` seconds), so that what runs inside is timed without a compile beside
+        it. Loads from the cache go on (a first run may be waiting for one)."""
+        with self._cv:
+            self._held += 1
+            self._cv.wait_for(lambda: self._current is None, timeout)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._held -= 1
+                self._cv.notify_all()
 
     def drop(self, kernels: Sequence[TieredKernel]) -> None:
         """Take the builds of ``kernels`` off the queue; one in progress finishes (and is
@@ -645,3 +665,9 @@ def wait_for_compiled(timeout: float | None = None) -> bool:
     built (or failed); False when ``timeout`` (seconds) ran out first. For one session,
     ``session.wait_for_compiled()``."""
     return _worker.wait(timeout)
+
+
+def hold_compiles(timeout: float | None = None) -> contextlib.AbstractContextManager[None]:
+    """Start no background compile inside the ``with`` block (the one in progress is waited
+    for first, at most ``timeout`` seconds): selection times its candidates inside one."""
+    return _worker.held(timeout)

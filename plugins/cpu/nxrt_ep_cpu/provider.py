@@ -8,12 +8,12 @@ Options (provider options; ``nxrt.cpu.compile`` may also be a session config ent
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import time
 from typing import TYPE_CHECKING
 
 from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt_ep_cpu.compiling import compiles_of, wait_for_compiled
+from nxrt_ep_cpu.compiling import compiles_of, hold_compiles
 from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops import CPU_OPS
 
@@ -41,18 +41,19 @@ class CpuExecutionProvider(ExecutionProvider):
 
     def wait_for_compiled(self, timeout: float | None = None) -> bool:
         """Block until this EP's kernels compiling in the background are built
-        (:mod:`~nxrt_ep_cpu.compiling`), and the compiling thread is idle (a discarded
-        session's last build would slow the runs down); False when ``timeout`` seconds
-        ran out first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not compiles_of(self).wait(timeout):
-            return False
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return wait_for_compiled(left)
+        (:mod:`~nxrt_ep_cpu.compiling`); False when ``timeout`` seconds ran out first."""
+        return compiles_of(self).wait(timeout)
 
     def cancel_compiles(self) -> None:
         """Drop this EP's background compiles not yet started (its session was discarded)."""
         compiles_of(self).cancel()
+
+    def hold_compiles(
+        self, timeout: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Hold the process's compiling thread while selection times candidates (it is
+        shared by every cpu EP: a compile slows whatever else runs)."""
+        return hold_compiles(timeout)
 
     def create_kernel(self, node: ir.Node, entry: KernelEntry) -> Kernel:
         """The base class's kernel, as a :class:`CpuKernel` where it binds a function,
