@@ -172,7 +172,7 @@ def loop(
     import pyarrow.parquet as pq
 
     import nxrt
-    from nxrt.batch import batch_columns, run_batched
+    from nxrt.tools.batch import batch_columns, run_batched
 
     options = nxrt.SessionOptions()
     options.intra_op_num_threads = threads or os.cpu_count() or 1
@@ -205,7 +205,7 @@ def nxrt_batch(
 ) -> dict[str, Any]:
     """``nxrt batch`` in a subprocess, as users run it; its last line parsed."""
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "nxrt.cli", "batch", model, folder, out]
+    command = [sys.executable, "-m", "nxrt.tools.cli", "batch", model, folder, out]
     command += ["--workers", str(workers), "--threads", "1", "--batch-size", str(batch)]
     command += ["--providers", ",".join(providers), "--keep", "id", *extra]
     start = time.perf_counter()
@@ -224,7 +224,7 @@ def nxrt_batch(
 def read_output(out: str, column: str) -> dict[int, np.ndarray]:
     import pyarrow.parquet as pq
 
-    from nxrt.batch import batch_columns
+    from nxrt.tools.batch import batch_columns
 
     columns, _ = batch_columns(pq.read_table(out, columns=["id", column]))
     return dict(zip(columns["id"].tolist(), columns[column]))
@@ -341,7 +341,9 @@ def render(name: str, table: list[dict[str, Any]], batch: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000, help="image rows")
-    parser.add_argument("--model", default="shufflenet", help="a light model (nxrt.light_models)")
+    parser.add_argument(
+        "--model", default="shufflenet", help="a light model (nxrt.tools.light_models)"
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="image rows per batch")
     parser.add_argument(
         "--pixels",
@@ -358,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the tables as JSON here")
     args = parser.parse_args(argv)
 
-    from nxrt.batch import decided_providers, driver_session
-    from nxrt.light_models import light_model_path
+    from nxrt.tools.batch import decided_providers, driver_session
+    from nxrt.tools.light_models import light_model_path
 
     work = args.work or os.path.join(tempfile.gettempdir(), "nxrt-bench-batch")
     os.makedirs(work, exist_ok=True)

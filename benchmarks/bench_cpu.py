@@ -198,7 +198,7 @@ import nxrt
 imported = time.perf_counter() - start
 numba_at_import = "numba" in sys.modules
 start = time.perf_counter()
-from nxrt import cli
+from nxrt.tools import cli
 with contextlib.redirect_stdout(io.StringIO()):
     cli.main(["providers"])
 providers = time.perf_counter() - start

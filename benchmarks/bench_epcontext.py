@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 import nxrt
-from nxrt.compile import compile_model
-from nxrt.light_models import light_model_path
+from nxrt.tools.compile import compile_model
+from nxrt.tools.light_models import light_model_path
 
 CREATE = """
 import importlib, sys, time
@@ -33,7 +33,7 @@ for backend in ("mlx.core", "onnxruntime"):  # library imports are not compilati
         importlib.import_module(backend)
     except ImportError:
         pass
-from nxrt.light_models import dummy_feeds
+from nxrt.tools.light_models import dummy_feeds
 t = time.perf_counter()
 session = nxrt.InferenceSession(sys.argv[1], providers=sys.argv[2].split(","))
 created = time.perf_counter()

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_models import interleaved, nxrt_session, ort_session, resolve  # noqa: E402
 
 import nxrt_ep_cpu.ops._conv_gemm as conv_ops  # noqa: E402
-from nxrt.light_models import LIGHT_MODELS  # noqa: E402
+from nxrt.tools.light_models import LIGHT_MODELS  # noqa: E402
 
 
 class TimedGemm:

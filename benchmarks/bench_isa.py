@@ -66,7 +66,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 import nxrt  # noqa: E402
-from nxrt.light_models import dummy_feeds, light_model_path  # noqa: E402
+from nxrt.tools.light_models import dummy_feeds, light_model_path  # noqa: E402
 
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))

@@ -31,7 +31,7 @@ sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 from bench_light import markdown_table, max_abs_diff, summarise  # noqa: E402
 
 import nxrt  # noqa: E402
-from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path  # noqa: E402
+from nxrt.tools.light_models import LIGHT_MODELS, dummy_feeds, light_model_path  # noqa: E402
 
 TRANSFORMER = "transformer_block"
 

@@ -50,7 +50,7 @@ import onnxruntime as ort
 from threadpoolctl import threadpool_limits
 
 import nxrt
-from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
+from nxrt.tools.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 
 
 def resolve_models(names: list[str]) -> list[tuple[str, str]]:

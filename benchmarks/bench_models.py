@@ -62,7 +62,7 @@ import onnxruntime as ort
 from threadpoolctl import threadpool_limits
 
 import nxrt
-from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
+from nxrt.tools.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import transformer_models  # noqa: E402

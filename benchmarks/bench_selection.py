@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 import nxrt
-from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
+from nxrt.tools.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402  (exports the real architectures and small models)

@@ -101,7 +101,7 @@ def _load(model: str, model_dir: str) -> tuple[Any, Any]:
         data = resources.files("nxrt") / "data"
         pixels = np.load(data / "digits_test.npz")["pixels"].astype(np.float32)
         return (data / "digits_cnn.onnx").read_bytes(), {"pixels": pixels}
-    from nxrt.light_models import light_model_path
+    from nxrt.tools.light_models import light_model_path
 
     return light_model_path(model), None
 
@@ -132,7 +132,7 @@ def child(runtime: str, model: str, repeat: int, threads: int, model_dir: str) -
         session = nxrt.InferenceSession(source, options, providers=providers)
     created = time.perf_counter()
     if feeds is None:
-        from nxrt.light_models import dummy_feeds
+        from nxrt.tools.light_models import dummy_feeds
 
         feeds = dummy_feeds(session)
     session.run(None, feeds)

@@ -1,6 +1,6 @@
 """Float models and their int8 forms as ``onnxruntime.quantization`` writes them.
 
-* CNNs: the onnx package's light models (:mod:`nxrt.light_models`) with their
+* CNNs: the onnx package's light models (:mod:`nxrt.tools.light_models`) with their
   constant synthetic weights replaced by seeded random ones (He-scaled
   convolutions, batch-norm statistics near 1), upgraded to opset 13 so
   per-channel QDQ applies, then ``quantize_static`` (QDQ, per-channel int8
@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
-from nxrt.light_models import light_model_path
+from nxrt.tools.light_models import light_model_path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

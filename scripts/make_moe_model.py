@@ -10,7 +10,7 @@ Every initializer is stored in ``model.onnx.data`` next to ``model.onnx``, each 
 a page-aligned offset. The quantised weights are random bytes and the scales
 are sized so activations stay near unit scale; ``expected.npz`` holds the input
 ``X`` and the output ``Y`` computed by the numpy reference
-(:mod:`nxrt.reference.moe`), and ``moe.json`` the configuration and byte sizes.
+(:mod:`nxrt.moe.reference`), and ``moe.json`` the configuration and byte sizes.
 
 Defaults (64 experts, hidden 1024, intermediate 2816, 4-bit, block 32, swiglu)
 make about 350 MB of expert weights; ``--small`` makes a model of a few
@@ -32,7 +32,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from nxrt import contrib_ops
-from nxrt.reference.moe import block_quantized_moe
+from nxrt.moe.reference import block_quantized_moe
 
 DATA_FILE = "model.onnx.data"
 MODEL_FILE = "model.onnx"

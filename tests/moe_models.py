@@ -17,11 +17,11 @@ from onnx import TensorProto, helper
 
 import nxrt
 from nxrt.kernel import KernelMatch
+from nxrt.moe.reference import block_quantized_moe
+from nxrt.pipeline.weight_binding import resident_array
 from nxrt.provider import ExecutionProvider
-from nxrt.reference.moe import block_quantized_moe
 from nxrt.registry import OpRegistry
 from nxrt.weight import ExecutionProviderCapabilities, LazyWeight
-from nxrt.weight_binding import resident_array
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))

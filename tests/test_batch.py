@@ -1,4 +1,4 @@
-"""Batch inference on Ray Data (issue 30, SPEC 12): ``nxrt.batch`` and ``nxrt batch``.
+"""Batch inference on Ray Data (issue 30, SPEC 12): ``nxrt.tools.batch`` and ``nxrt batch``.
 
 The fast tests need no cluster: splitting a batch larger than the model's
 fixed batch dim, the three batch formats, the column checks, model packages,
@@ -30,8 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 from ray.data.extensions import ArrowTensorArray, TensorArray
 
 import nxrt
-from nxrt import batch, cli
 from nxrt.errors import InvalidArgument, InvalidColumn
+from nxrt.tools import batch, cli
 
 RNG = np.random.default_rng(30)
 IMAGE = (3, 16, 16)
@@ -110,7 +110,7 @@ def cnn_path(tmp_path) -> str:
 # -- one process ----------------------------------------------------------------------------------
 def test_import_nxrt_imports_no_ray():
     code = (
-        "import sys, json, nxrt, nxrt.batch, nxrt.cli\n"
+        "import sys, json, nxrt, nxrt.tools.batch, nxrt.tools.cli\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('ray', 'pyarrow', 'pandas'))))\n"
     )
@@ -517,7 +517,7 @@ def test_nxrt_batch_command_over_npy_files(cnn_path, tmp_path):
     for i in range(3):
         np.save(tmp_path / "in" / f"{i}.npy", x[i * 20 : (i + 1) * 20])
     done = subprocess.run(
-        [sys.executable, "-m", "nxrt.cli", "batch", cnn_path, str(tmp_path / "in" / "*.npy")]
+        [sys.executable, "-m", "nxrt.tools.cli", "batch", cnn_path, str(tmp_path / "in" / "*.npy")]
         + [str(tmp_path / "out"), "--workers", "2", "--providers", "cpu", "--keep", "path"],
         capture_output=True,
         text=True,

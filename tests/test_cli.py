@@ -18,7 +18,7 @@ def nxrt(*args: str, env: dict[str, str] | None = None, ok: bool = True, cwd=Non
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("NXRT_")}
     full_env.update(env or {})
     result = subprocess.run(
-        [sys.executable, "-m", "nxrt.cli", *args],
+        [sys.executable, "-m", "nxrt.tools.cli", *args],
         capture_output=True,
         text=True,
         env=full_env,
@@ -45,7 +45,7 @@ HEAVY = ("onnx", "onnx_ir", "ml_dtypes", "numba", "sympy", "mlx", "openvino", "o
 def test_the_plain_listing_starts_no_ep_and_imports_no_backend():
     code = (
         "import sys\n"
-        "from nxrt.cli import main\n"
+        "from nxrt.tools.cli import main\n"
         "main(['providers'])\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
         "print(sorted(m for m in sys.modules if '.ops' in m and m.startswith('nxrt_ep_')))\n"
@@ -218,11 +218,16 @@ def test_warmup_compiles_a_models_kernels_into_the_cache(tmp_path):
 
     model = tmp_path / "digits.onnx"
     model.write_bytes((resources.files("nxrt") / "data" / "digits_cnn.onnx").read_bytes())
-    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba"), "NXRT_CACHE_DIR": str(tmp_path / "nxrt")}
     first = nxrt("warmup", str(model), env=env).stdout
     assert "cpu: warming up" in first and "0 found in the cache" in first
     assert re.search(r"(\d+) compiled kernels \(\1 compiled now", first), first
+    # then the default selection, decided with every kernel compiled: complete, so cached
+    assert re.search(r"selection: policy DEFAULT, chose \S+ \(in ", first), first
+    assert "timed while still compiling" not in first and "not cached" not in first
     again = nxrt("warmup", str(model), "--ep", "cpu", env=env).stdout
-    assert "0 compiled now" in again and "cpu: done" in again
+    assert "0 compiled now" in again and "cpu: done" in again and "selection" not in again
+    run = nxrt("run", str(model), env=env).stdout
+    assert re.search(r"selection: policy DEFAULT, chose \S+ \(from the cache\)", run), run
     missing = nxrt("warmup", str(model), "--ep", "nosuch", env=env, ok=False)
     assert missing.returncode == 1 and "not installed" in missing.stderr

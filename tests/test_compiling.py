@@ -17,9 +17,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
-from nxrt.compile import compile_model
-from nxrt.session import DISABLE_MODEL_COMPILE
-from nxrt.testing import register_plugin
+from nxrt.ort.session import DISABLE_MODEL_COMPILE
+from nxrt.tools.compile import compile_model
+from nxrt.tools.testing import register_plugin
 from nxrt.weight import ExecutionProviderCapabilities
 
 #: What the backend compiles: ONNX op -> numpy function.
@@ -143,7 +143,7 @@ def test_a_compiling_ep_saves_and_loads_its_contexts(jit_pm, tmp_path):
 def test_a_node_no_claim_holds_is_explained(jit_pm):
     """Asked before any claiming (as constant folding does), the base says what it knows."""
     from nxrt.host import Host
-    from nxrt.model import load_model
+    from nxrt.pipeline.model import load_model
 
     host = Host(jit_pm)
     ep = host.build_registry().resolve("numpy_jit").factory(nxrt.EpConfig())

@@ -1,7 +1,7 @@
 """The ONNX node conformance suite on the cpu EP: every case is its own test id.
 
 The whole suite runs once, in worker processes with a per-case timeout
-(:func:`nxrt.conformance.run_cases`); each test then checks its case's
+(:func:`nxrt.tools.conformance.run_cases`); each test then checks its case's
 result. Known failures are listed, with reasons, in the EP's
 ``conformance_exclusions.txt``: they are expected to fail, and one that
 starts passing fails here so the list stays honest, except cases marked
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from nxrt.conformance import Summary, check_case, node_cases, package_exclusions, run_cases
+from nxrt.tools.conformance import Summary, check_case, node_cases, package_exclusions, run_cases
 
 pytestmark = pytest.mark.slow  # the whole ONNX node suite, in worker processes
 

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
-from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
+from nxrt.tools.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 
 SEQUENTIAL_RUNS = 50
 CALLERS = 8

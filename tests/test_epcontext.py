@@ -14,7 +14,6 @@ import pytest
 from onnx import TensorProto, helper
 
 import nxrt
-from nxrt.compile import compile_model
 from nxrt.errors import (
     DuplicateContextSource,
     InvalidExternalData,
@@ -22,8 +21,9 @@ from nxrt.errors import (
     NoEpForContext,
     UnsupportedContext,
 )
-from nxrt.session import DISABLE_MODEL_COMPILE
-from nxrt.testing import dummy_feeds, light_model_path, register_plugin
+from nxrt.ort.session import DISABLE_MODEL_COMPILE
+from nxrt.tools.compile import compile_model
+from nxrt.tools.testing import dummy_feeds, light_model_path, register_plugin
 from toy_plugin import ToyPlugin
 
 ATTRIBUTES = {
@@ -68,7 +68,7 @@ def test_compile_then_load_in_a_fresh_process(squeezenet, tmp_path, ep):
 
     code = f"""
 import json, sys, numpy as np, nxrt
-from nxrt.testing import dummy_feeds
+from nxrt.tools.testing import dummy_feeds
 options = nxrt.SessionOptions()
 options.add_session_config_entry("{DISABLE_MODEL_COMPILE}", "1")
 session = nxrt.InferenceSession({str(out)!r}, options, providers=[{ep!r}, "cpu"])

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 import nxrt
 from moe_models import add_model, external_tensor, save
 from nxrt.errors import InvalidExternalData
-from nxrt.external_data import (
+from nxrt.pipeline.external_data import (
     ExternalDataRegistry,
     MappedFile,
     external_data_hidden_from_checker,
@@ -25,10 +25,10 @@ from nxrt.external_data import (
     resolve_location,
     storage_bytes,
 )
-from nxrt.model import load_model
-from nxrt.testing import register_plugin
+from nxrt.pipeline.model import load_model
+from nxrt.pipeline.weight_binding import resident_array
+from nxrt.tools.testing import register_plugin
 from nxrt.weight import WeightHandle
-from nxrt.weight_binding import resident_array
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_resident_weight_is_a_zero_copy_read_only_view_of_the_mapping(tmp_path):
     array = resident_array(handle.weight)
     np.testing.assert_array_equal(array, W)
     assert not array.flags.writeable
-    registry = model.meta["nxrt.external_data"]
+    registry = model.meta["nxrt.pipeline.external_data"]
     (mapping,) = registry._files.values()
     assert np.shares_memory(array, mapping._buffer)
     # The initializer's tensor reads the same mapping: nothing else opens the file.
@@ -92,7 +92,7 @@ def test_session_constant_shares_memory_with_the_mapping(tmp_path, cpu_pm):
     folder = str(tmp_path)
     path = add_model(folder, external_tensor("w", W, folder))
     sess = session(path, cpu_pm)
-    registry = sess._model.meta["nxrt.external_data"]
+    registry = sess._model.meta["nxrt.pipeline.external_data"]
     (mapping,) = registry._files.values()
     constants = [c for c in sess._plan.constants.values() if isinstance(c, np.ndarray)]
     assert any(np.shares_memory(c, mapping._buffer) for c in constants)
@@ -112,10 +112,10 @@ def test_one_mapping_per_file_shared_by_its_tensors_and_sessions(tmp_path, cpu_p
     path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder)
     first = session(path, cpu_pm, sess_options=_no_folding())
     np.testing.assert_array_equal(first.run(None, {})[0], W * 3)
-    registry = first._model.meta["nxrt.external_data"]
+    registry = first._model.meta["nxrt.pipeline.external_data"]
     assert len(registry._files) == 1
     second = session(path, cpu_pm)
-    assert second._model.meta["nxrt.external_data"] is registry
+    assert second._model.meta["nxrt.pipeline.external_data"] is registry
     assert list(registry._files.values()) == [*registry._files.values()][:1]
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import nxrt
 from nxrt.errors import NxrtError
-from nxrt.testing import light_model_path
+from nxrt.tools.testing import light_model_path
 
 EXAMPLES = int(os.environ.get("NXRT_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(

@@ -33,7 +33,7 @@ from nxrt.errors import (
     OutOfMemory,
 )
 from nxrt.host import Host
-from nxrt.testing import light_model_path
+from nxrt.tools.testing import light_model_path
 
 SQUEEZENET = light_model_path("squeezenet")
 
@@ -310,7 +310,7 @@ def test_a_model_that_crashes_onnx_runs_and_its_process_lives(mode, threads):
     assert "was killed by SIGSEGV" in done.stderr
 
 
-#: Tasks for :func:`nxrt.contained.run`, written to a module the helper can import too.
+#: Tasks for :func:`nxrt.pipeline.contained.run`, written to a module the helper can import too.
 _TASKS = """
 import ctypes
 
@@ -328,7 +328,7 @@ def fail(emit):
 
 _RUN_SCRIPT = """
 import json
-from nxrt import contained
+from nxrt.pipeline import contained
 import tasks
 
 report = {"double": contained.run(tasks.double, b"ab")[0].decode()}
@@ -345,7 +345,7 @@ print(json.dumps(report))
 @pytest.mark.parametrize("mode", ["fork", "helper"])
 def test_a_crash_in_a_contained_task_is_reported_with_what_it_sent(tmp_path, mode):
     """A segmentation fault or an exception in the child ends only the child: the caller
-    gets :class:`~nxrt.contained.ChildDied` with the records sent before, and goes on."""
+    gets :class:`~nxrt.pipeline.contained.ChildDied` with the records sent before, and goes on."""
     (tmp_path / "tasks.py").write_text(_TASKS)
     env = {"NXRT_CONTAINED": mode, "PYTHONPATH": str(tmp_path)}
     done = _python("-c", _RUN_SCRIPT, env=env)

@@ -20,8 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
 from nxrt import hookspecs
-from nxrt.compile import compile_model
-from nxrt.testing import register_plugin
+from nxrt.tools.compile import compile_model
+from nxrt.tools.testing import register_plugin
 from toy_plugin import ToyPlugin
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from nxrt.host import Host, get_plugin_manager
 from nxrt.kernel import SubgraphClaim
 from nxrt.provider import EpConfig, ExecutionProvider
 from nxrt.registry import EpDescriptor
-from nxrt.testing import register_plugin
+from nxrt.tools.testing import register_plugin
 from nxrt.weight import ExecutionProviderCapabilities
 from toy_plugin import TOY_OPS, ToyPlugin
 

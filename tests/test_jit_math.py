@@ -96,7 +96,7 @@ def test_numba_is_imported_by_kernels_only(tmp_path):
     and numba's own setting (other libraries' caches) is left alone."""
     code = (
         "import sys, nxrt, nxrt_ep_cpu.plugin, nxrt_ep_cpu.ops\n"
-        "from nxrt.cli import main\n"
+        "from nxrt.tools.cli import main\n"
         "try:\n    main(['providers'])\nexcept SystemExit:\n    pass\n"
         "assert 'numba' not in sys.modules, 'numba imported'\n"
         "import numba, platformdirs\n"

@@ -10,7 +10,7 @@ import pytest
 import nxrt
 from nxrt.errors import KernelFailed
 from nxrt.host_parallel import HostParallel
-from nxrt.testing import make_node_model
+from nxrt.tools.testing import make_node_model
 
 pytest.importorskip("numba")
 

@@ -24,7 +24,7 @@ import nxrt
 from logits import assert_close_with_logits, with_logits
 from nxrt.errors import InvalidArgument
 from nxrt.kernel import Kernel
-from nxrt.light_models import dummy_feeds, light_model_path
+from nxrt.tools.light_models import dummy_feeds, light_model_path
 from nxrt_ep_cpu import compiling, warmup
 
 ROOT = Path(__file__).resolve().parent.parent

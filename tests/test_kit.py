@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 import nxrt
 from nxrt.host import Host
 from nxrt.kernel import KernelMatch
-from nxrt.testing import register_plugin
+from nxrt.tools.testing import register_plugin
 from toy_plugin import ToyPlugin
 
 

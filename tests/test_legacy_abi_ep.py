@@ -19,10 +19,10 @@ from nxrt.claims import claim_boundary, group_claims
 from nxrt.epcontext import build_ep_context_registry
 from nxrt.errors import EpLoadFailed, KernelFailed
 from nxrt.host import Host
-from nxrt.model import load_model
+from nxrt.pipeline.model import load_model
 from nxrt.provider import EpConfig
 from nxrt.registry import OpRegistry
-from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin
+from nxrt.tools.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin
 from nxrt_ep_legacy_abi.provider import LIBRARIES_ENV
 
 RTOL, ATOL = 1e-3, 1e-4
@@ -321,7 +321,7 @@ def test_nxrt_partition_shows_the_split(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NXRT_")}
     env["NXRT_PLUGINS"] = "cpu,legacy_abi"
     done = subprocess.run(
-        [sys.executable, "-m", "nxrt.cli", "partition", str(path), "--ep", "legacy_abi,cpu"],
+        [sys.executable, "-m", "nxrt.tools.cli", "partition", str(path), "--ep", "legacy_abi,cpu"],
         capture_output=True,
         text=True,
         env=env,
@@ -469,7 +469,7 @@ def random_dag(rng: np.random.Generator, size: int) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_claims_on_random_graphs_are_connected_and_contract_without_cycles(seed):
-    from nxrt.partition import creates_cycle
+    from nxrt.pipeline.partition import creates_cycle
 
     rng = np.random.default_rng(seed)
     nodes = list(load_model(random_dag(rng, 30))[0].graph)

@@ -700,7 +700,7 @@ def test_values_shape_inference_leaves_untyped_get_their_schema_types(name: str)
     """Scaler, Imputer, Normalizer and the tree ensembles have no ONNX inference function;
     their outputs (and what follows them, such as ColumnTransformer's Concat) are typed
     from the schemas, so an EP compiling claims can check what enters them."""
-    from nxrt.model import load_model
+    from nxrt.pipeline.model import load_model
 
     model, _ = load_model(converted(name, True))
     untyped = [v.name for node in model.graph for v in node.outputs if v.name and v.type is None]
@@ -1251,7 +1251,7 @@ def test_cast_map_matches_onnxruntime() -> None:
 # -- decision_path / decision_leaf ----------------------------------------------------------------
 #: Tree models skl2onnx converts with ``decision_path`` (a LabelEncoder with string outputs
 #: after a TreeEnsembleRegressor) and ``decision_leaf``: onnx 1.23's shape inference crashes
-#: the process on every ``decision_path`` model (nxrt contains it, :mod:`nxrt.contained`).
+#: the process on every ``decision_path`` model (nxrt contains it, :mod:`nxrt.pipeline.contained`).
 DECISION_TREES = {
     "decision_tree_classifier": (tree.DecisionTreeClassifier, "iris"),
     "decision_tree_regressor": (tree.DecisionTreeRegressor, "diabetes"),

@@ -24,11 +24,11 @@ from nxrt.claims import claim_boundary
 from nxrt.epcontext import EpContext, build_ep_context_registry
 from nxrt.errors import EpLoadFailed, InvalidModel
 from nxrt.host import Host
-from nxrt.model import load_model
-from nxrt.partition import creates_cycle
+from nxrt.ort.session import DISABLE_CPU_EP_FALLBACK
+from nxrt.pipeline.model import load_model
+from nxrt.pipeline.partition import creates_cycle
 from nxrt.provider import EpConfig
-from nxrt.session import DISABLE_CPU_EP_FALLBACK
-from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin
+from nxrt.tools.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin
 
 RNG = np.random.default_rng(7)
 
@@ -542,7 +542,7 @@ def test_squeezenet_on_openblas_avx2_kernels_matches_onnxruntime(tmp_path):
     onnx.save(model, str(path))
     code = (
         "import sys, json, numpy as np, nxrt\n"
-        "from nxrt.testing import dummy_feeds\n"
+        "from nxrt.tools.testing import dummy_feeds\n"
         "from nxrt_ep_mlx._backend import blas_info\n"
         "session = nxrt.InferenceSession(sys.argv[1], providers=['mlx', 'cpu'])\n"
         "got = session.run(None, dummy_feeds(session))\n"

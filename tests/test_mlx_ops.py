@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from nxrt.testing import make_node_model, run_node
+from nxrt.tools.testing import make_node_model, run_node
 
 RNG = np.random.default_rng(1234)
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 import nxrt
-from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path
+from nxrt.tools.testing import LIGHT_MODELS, dummy_feeds, light_model_path
 
 
 @pytest.mark.slow

@@ -24,8 +24,7 @@ from moe_models import (
 )
 from nxrt import contrib_ops
 from nxrt.errors import InvalidModel, KernelFailed, OutOfMemory
-from nxrt.external_data import ExternalLazyWeight
-from nxrt.reference.moe import (
+from nxrt.moe.reference import (
     block_quantized_moe,
     dequantize_blockwise,
     pack,
@@ -33,7 +32,8 @@ from nxrt.reference.moe import (
     route,
     unpack,
 )
-from nxrt.testing import register_plugin
+from nxrt.pipeline.external_data import ExternalLazyWeight
+from nxrt.tools.testing import register_plugin
 from nxrt.weight import LazyWeight
 
 ATTRS = {"top_k": 2, "bits": 4, "block_size": 16, "activation": "silu"}

@@ -26,9 +26,9 @@ import nxrt
 from nxrt.claims import claim_boundary
 from nxrt.errors import EpLoadFailed, InvalidArgument, InvalidModel, KernelFailed
 from nxrt.host import Host
-from nxrt.model import load_model
+from nxrt.pipeline.model import load_model
 from nxrt.provider import EpConfig
-from nxrt.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin
+from nxrt.tools.testing import LIGHT_MODELS, dummy_feeds, light_model_path, register_plugin
 
 RTOL, ATOL = 1e-3, 1e-4
 #: What the subprocesses load: only the plugins these tests are about.
@@ -142,7 +142,7 @@ def det_model() -> onnx.ModelProto:
 def test_discovery_registration_and_listing_do_not_import_openvino():
     code = (
         "import sys\n"
-        "from nxrt.cli import providers_info\n"
+        "from nxrt.tools.cli import providers_info\n"
         "info = providers_info()\n"
         "ep = [p for p in info['providers'] if p['id'] == 'openvino'][0]\n"
         "print(ep['distribution'], ' '.join(ep['capabilities']))\n"
@@ -344,7 +344,7 @@ def test_nxrt_partition_names_openvinos_reason(tmp_path):
     path = tmp_path / "mixed.onnx"
     onnx.save(det_model(), path)
     done = subprocess.run(
-        [sys.executable, "-m", "nxrt.cli", "partition", str(path), "--ep", "openvino,cpu"],
+        [sys.executable, "-m", "nxrt.tools.cli", "partition", str(path), "--ep", "openvino,cpu"],
         capture_output=True,
         text=True,
         env=clean_env(),
@@ -457,7 +457,7 @@ print(json.dumps(reasons))
 
 def compile_cli(source, output, embed_mode: int) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "nxrt.cli", "compile", str(source), "-o", str(output)]
+        [sys.executable, "-m", "nxrt.tools.cli", "compile", str(source), "-o", str(output)]
         + ["--ep", "openvino,cpu", "--embed-mode", str(embed_mode)],
         capture_output=True,
         text=True,

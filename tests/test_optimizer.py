@@ -168,7 +168,7 @@ def test_conv_block_becomes_one_fused_conv(activation):
 
 
 def test_fused_ops_are_made_only_for_an_ep_that_has_them():
-    from nxrt.optimizer import run_passes
+    from nxrt.pipeline.optimizer import run_passes
     from nxrt.provider import ExecutionProvider
     from nxrt.registry import OpRegistry
     from nxrt_ep_cpu.fusions import cpu_passes

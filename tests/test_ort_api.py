@@ -28,7 +28,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
-from nxrt.testing import register_plugin
+from nxrt.tools.testing import register_plugin
 
 CPU = ["CPUExecutionProvider"]
 X = np.ones((2, 2), np.float32)

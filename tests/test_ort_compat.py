@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import nxrt
 from nxrt.provider import ExecutionProvider
 from nxrt.registry import OpRegistry
-from nxrt.testing import register_plugin
+from nxrt.tools.testing import register_plugin
 from toy_plugin import DeviceArray, ToyPlugin
 
 CPU = ["CPUExecutionProvider"]
@@ -785,9 +785,9 @@ def test_nxrt_iobinding_on_every_installed_ep(ep):
 def test_nxrt_iobinding_keeps_values_on_a_device_ep(nxrt_pm, monkeypatch):
     """Bound on the toy device, an input reaches the toy EP run after run with no copy from
     the host, and an output bound to the device stays there."""
-    import nxrt.ortvalue
+    import nxrt.ort.ortvalue
 
-    monkeypatch.setattr(nxrt.ortvalue, "_device_eps", {})
+    monkeypatch.setattr(nxrt.ort.ortvalue, "_device_eps", {})
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
     model = helper.make_model(

@@ -21,7 +21,7 @@ def python(tmp_path) -> Path:
 
 
 def providers(python: Path) -> dict:
-    out = run([str(python), "-m", "nxrt.cli", "providers", "--json"])
+    out = run([str(python), "-m", "nxrt.tools.cli", "providers", "--json"])
     return json.loads(out.stdout)
 
 
@@ -34,7 +34,7 @@ def test_cpu_plugin_installed_with_pip_is_discovered_and_runs(python, tmp_path):
     assert cpu["id"] == "cpu" and cpu["distribution"] == "nxrt-ep-cpu"
     assert cpu["ops"] > 20
 
-    out = run([str(python), "-m", "nxrt.cli", "run"]).stdout
+    out = run([str(python), "-m", "nxrt.tools.cli", "run"]).stdout
     assert re.search(r"^cpu +\d+$", out, re.M) and "accuracy: 98.22%" in out
     where = run([str(python), "-c", "import nxrt_ep_cpu; print(nxrt_ep_cpu.__file__)"]).stdout
     assert str(python.parent.parent) in where  # installed into the new environment, not linked
@@ -48,9 +48,9 @@ def test_the_example_ep_installs_is_partitioned_to_and_passes_its_own_tests(pyth
     pip_install(python, example, tmp_path)
     assert [p["id"] for p in providers(python)["providers"]] == ["example", "cpu"]
 
-    from nxrt.testing import light_model_path
+    from nxrt.tools.testing import light_model_path
 
-    partition = [str(python), "-m", "nxrt.cli", "partition", light_model_path("squeezenet")]
+    partition = [str(python), "-m", "nxrt.tools.cli", "partition", light_model_path("squeezenet")]
     default = json.loads(run([*partition, "--json"]).stdout)
     measured = [c["providers"] for c in default["selection"]["candidates"]]
     assert measured == [["example", "cpu"], ["cpu"]]  # installed, so a default candidate

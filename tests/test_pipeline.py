@@ -9,13 +9,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
-from nxrt import pipeline
 from nxrt.errors import EpPanicked, InvalidArgument, InvalidPlacement
 from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
-from nxrt.partition import PartitionReport, Placement, schedule
+from nxrt.pipeline import stages as pipeline
+from nxrt.pipeline.partition import PartitionReport, Placement, schedule
 from nxrt.provider import ExecutionProvider
 from nxrt.registry import OpRegistry
-from nxrt.testing import register_plugin
+from nxrt.tools.testing import register_plugin
 
 NUMPY_OPS = {
     "Relu": lambda x: np.maximum(x, 0),

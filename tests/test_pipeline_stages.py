@@ -14,18 +14,18 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from nxrt import pipeline
 from nxrt.host import Host
 from nxrt.host_parallel import HostParallel
-from nxrt.light_models import light_model_path
-from nxrt.selection import (
+from nxrt.pipeline import stages as pipeline
+from nxrt.pipeline.selection import (
     EpInfo,
     ExecutionProviderDevicePolicy,
     SelectionReport,
     decide,
     synthesize_feeds,
 )
-from nxrt.testing import register_plugin
+from nxrt.tools.light_models import light_model_path
+from nxrt.tools.testing import register_plugin
 from toy_plugin import ToyPlugin
 
 W = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nxrt.errors import KernelFailed
-from nxrt.testing import run_node
+from nxrt.tools.testing import run_node
 
 
 def test_bernoulli_draws_zeros_and_ones_of_the_input_dtype():

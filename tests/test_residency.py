@@ -10,9 +10,8 @@ import onnx_ir as ir
 import pytest
 
 from nxrt.errors import InvalidArgument, OutOfMemory
-from nxrt.external_data import ExternalDataRegistry, ExternalLazyWeight, ExternalTensorRef
 from nxrt.memory import MemoryGovernor, parse_bytes
-from nxrt.residency import (
+from nxrt.moe.residency import (
     AdmissionPolicyInput,
     EvictionClass,
     ExpertResidencyManager,
@@ -33,6 +32,7 @@ from nxrt.residency import (
     plan_resize,
     prove_routed_residency,
 )
+from nxrt.pipeline.external_data import ExternalDataRegistry, ExternalLazyWeight, ExternalTensorRef
 from nxrt.weight import LazyWeight
 
 E = 8

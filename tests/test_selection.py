@@ -14,9 +14,7 @@ from onnx import TensorProto, helper
 import nxrt
 from nxrt.errors import InvalidArgument
 from nxrt.kernel import Kernel, KernelMatch
-from nxrt.provider import ExecutionProvider
-from nxrt.registry import OpRegistry
-from nxrt.selection import (
+from nxrt.pipeline.selection import (
     NOT_MEASURED,
     EpInfo,
     ExecutionProviderDevicePolicy,
@@ -25,7 +23,9 @@ from nxrt.selection import (
     hardware,
     measure,
 )
-from nxrt.testing import register_plugin
+from nxrt.provider import ExecutionProvider
+from nxrt.registry import OpRegistry
+from nxrt.tools.testing import register_plugin
 from nxrt.weight import ExecutionProviderCapabilities
 
 

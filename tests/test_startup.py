@@ -67,7 +67,7 @@ def test_creating_a_session_reads_the_model_before_any_backend_loads(tmp_path):
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
     result = fresh(
         "import json, sys\n"
-        "import nxrt, nxrt.pipeline as pipeline\n"
+        "import nxrt, nxrt.pipeline.stages as pipeline\n"
         "seen = {}\n"
         "read = pipeline.load\n"
         "def load(*args):\n"

@@ -95,9 +95,9 @@ def test_the_wheel_installs_and_runs_without_pytest(wheel, tmp_path):
     no_pytest = subprocess.run([str(python), "-c", "import pytest"], capture_output=True)
     assert no_pytest.returncode != 0 and b"No module named 'pytest'" in no_pytest.stderr
 
-    providers = json.loads(run([str(python), "-m", "nxrt.cli", "providers", "--json"]).stdout)
+    providers = json.loads(run([str(python), "-m", "nxrt.tools.cli", "providers", "--json"]).stdout)
     assert [p["id"] for p in providers["providers"]] == ["cpu"]
-    assert "accuracy: 98.22%" in run([str(python), "-m", "nxrt.cli", "run"]).stdout
+    assert "accuracy: 98.22%" in run([str(python), "-m", "nxrt.tools.cli", "run"]).stdout
 
     probe = textwrap.dedent(
         """
@@ -115,14 +115,14 @@ def test_the_wheel_installs_and_runs_without_pytest(wheel, tmp_path):
         (probabilities,) = session.run(None, {session.get_inputs()[0].name: pixels})
         print(f"accuracy {(probabilities.argmax(axis=1) == labels).mean():.4f}")
         try:
-            from nxrt import testing
+            from nxrt.tools import testing
         except MissingExtra as exc:
             print(f"kit: {exc}")
         """
     )
     out = run([str(python), "-c", probe]).stdout
     assert "CPUExecutionProvider" in out and "accuracy 0.9822" in out
-    assert "kit: nxrt's EP testing kit (nxrt.testing) needs pytest" in out and KIT_HINT in out
+    assert "kit: nxrt's EP testing kit (nxrt.tools.testing) needs pytest" in out and KIT_HINT in out
 
 
 def test_without_pytest_the_runtime_runs_and_the_kit_names_its_extra():
@@ -131,11 +131,11 @@ def test_without_pytest_the_runtime_runs_and_the_kit_names_its_extra():
         """
         import sys
         sys.modules["pytest"] = None  # import pytest now fails, as where it is not installed
-        from nxrt.cli import main
+        from nxrt.tools.cli import main
         from nxrt.errors import MissingExtra
 
         assert main(["providers", "--json"]) == 0
-        for module in ("nxrt.testing", "nxrt.ep_suite"):
+        for module in ("nxrt.tools.testing", "nxrt.tools.ep_suite"):
             try:
                 __import__(module)
             except MissingExtra as exc:
@@ -147,6 +147,6 @@ def test_without_pytest_the_runtime_runs_and_the_kit_names_its_extra():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    for module in ("nxrt.testing", "nxrt.ep_suite"):
+    for module in ("nxrt.tools.testing", "nxrt.tools.ep_suite"):
         line = next(line for line in out.stdout.splitlines() if line.startswith(module))
         assert KIT_HINT in line

@@ -12,6 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from nxrt import _moved
+
+_moved.install()
+
 __version__ = "0.1.0"
 #: onnxruntime's names for the package and its version (nxrt's own; the ONNX Runtime API
 #: version nxrt follows is ``ORT_API_VERSION``, which ``get_version_string()`` reports).
@@ -22,52 +26,52 @@ version = __version__
 hookimpl = pluggy.HookimplMarker("nxrt")
 
 _LAZY = {
-    "InferenceSession": "nxrt.session",
-    "SessionOptions": "nxrt.session",
-    "RunOptions": "nxrt.session",
-    "GraphOptimizationLevel": "nxrt.session",
-    "NodeArg": "nxrt.session",
-    "ModelMetadata": "nxrt.session",
-    "ExecutionMode": "nxrt.session",
-    "ExecutionOrder": "nxrt.session",
-    "OrtExecutionProviderDevicePolicy": "nxrt.session",
-    "OrtValue": "nxrt.ortvalue",
-    "OrtMemoryInfo": "nxrt.ortvalue",
-    "OrtMemType": "nxrt.ortvalue",
-    "OrtAllocatorType": "nxrt.ortvalue",
-    "OrtDeviceMemoryType": "nxrt.ortvalue",
-    "OrtMemoryInfoDeviceType": "nxrt.ortvalue",
-    "OrtDevice": "nxrt.devices",
-    "OrtDeviceVendorId": "nxrt.devices",
-    "OrtEpDevice": "nxrt.devices",
-    "OrtHardwareDevice": "nxrt.devices",
-    "OrtHardwareDeviceType": "nxrt.devices",
-    "OrtSyncStream": "nxrt.devices",
-    "OrtArenaCfg": "nxrt.devices",
-    "OrtEpAssignedNode": "nxrt.devices",
-    "OrtEpAssignedSubgraph": "nxrt.devices",
-    "get_ep_devices": "nxrt.devices",
-    "register_execution_provider_library": "nxrt.devices",
-    "unregister_execution_provider_library": "nxrt.devices",
-    "create_and_register_allocator": "nxrt.devices",
-    "create_and_register_allocator_v2": "nxrt.devices",
-    "SparseTensor": "nxrt.sparse",
-    "OrtSparseFormat": "nxrt.sparse",
-    "AdapterFormat": "nxrt.lora",
-    "LoraAdapter": "nxrt.lora",
-    "IOBinding": "nxrt.iobinding",
-    "ORT_API_VERSION": "nxrt.runtime",
-    "get_all_providers": "nxrt.runtime",
-    "get_build_info": "nxrt.runtime",
-    "get_device": "nxrt.runtime",
-    "get_version_string": "nxrt.runtime",
-    "has_collective_ops": "nxrt.runtime",
-    "copy_tensors": "nxrt.ortvalue",
-    "set_default_logger_callback": "nxrt.runtime",
-    "set_default_logger_severity": "nxrt.runtime",
-    "set_default_logger_verbosity": "nxrt.runtime",
-    "disable_telemetry_events": "nxrt.runtime",
-    "enable_telemetry_events": "nxrt.runtime",
+    "InferenceSession": "nxrt.ort.session",
+    "SessionOptions": "nxrt.ort.session",
+    "RunOptions": "nxrt.ort.session",
+    "GraphOptimizationLevel": "nxrt.ort.session",
+    "NodeArg": "nxrt.ort.session",
+    "ModelMetadata": "nxrt.ort.session",
+    "ExecutionMode": "nxrt.ort.session",
+    "ExecutionOrder": "nxrt.ort.session",
+    "OrtExecutionProviderDevicePolicy": "nxrt.ort.session",
+    "OrtValue": "nxrt.ort.ortvalue",
+    "OrtMemoryInfo": "nxrt.ort.ortvalue",
+    "OrtMemType": "nxrt.ort.ortvalue",
+    "OrtAllocatorType": "nxrt.ort.ortvalue",
+    "OrtDeviceMemoryType": "nxrt.ort.ortvalue",
+    "OrtMemoryInfoDeviceType": "nxrt.ort.ortvalue",
+    "OrtDevice": "nxrt.ort.devices",
+    "OrtDeviceVendorId": "nxrt.ort.devices",
+    "OrtEpDevice": "nxrt.ort.devices",
+    "OrtHardwareDevice": "nxrt.ort.devices",
+    "OrtHardwareDeviceType": "nxrt.ort.devices",
+    "OrtSyncStream": "nxrt.ort.devices",
+    "OrtArenaCfg": "nxrt.ort.devices",
+    "OrtEpAssignedNode": "nxrt.ort.devices",
+    "OrtEpAssignedSubgraph": "nxrt.ort.devices",
+    "get_ep_devices": "nxrt.ort.devices",
+    "register_execution_provider_library": "nxrt.ort.devices",
+    "unregister_execution_provider_library": "nxrt.ort.devices",
+    "create_and_register_allocator": "nxrt.ort.devices",
+    "create_and_register_allocator_v2": "nxrt.ort.devices",
+    "SparseTensor": "nxrt.ort.sparse",
+    "OrtSparseFormat": "nxrt.ort.sparse",
+    "AdapterFormat": "nxrt.ort.lora",
+    "LoraAdapter": "nxrt.ort.lora",
+    "IOBinding": "nxrt.ort.iobinding",
+    "ORT_API_VERSION": "nxrt.ort.runtime",
+    "get_all_providers": "nxrt.ort.runtime",
+    "get_build_info": "nxrt.ort.runtime",
+    "get_device": "nxrt.ort.runtime",
+    "get_version_string": "nxrt.ort.runtime",
+    "has_collective_ops": "nxrt.ort.runtime",
+    "copy_tensors": "nxrt.ort.ortvalue",
+    "set_default_logger_callback": "nxrt.ort.runtime",
+    "set_default_logger_severity": "nxrt.ort.runtime",
+    "set_default_logger_verbosity": "nxrt.ort.runtime",
+    "disable_telemetry_events": "nxrt.ort.runtime",
+    "enable_telemetry_events": "nxrt.ort.runtime",
     "ExecutionProvider": "nxrt.provider",
     "EpConfig": "nxrt.provider",
     "CompilingProvider": "nxrt.compiling",
@@ -81,13 +85,14 @@ _LAZY = {
     "EpRegistry": "nxrt.registry",
     "ExecutionProviderCapabilities": "nxrt.weight",
     "get_plugin_manager": "nxrt.host",
-    "run_batched": "nxrt.batch",
+    "run_batched": "nxrt.tools.batch",
 }
 
 if TYPE_CHECKING:
-    from nxrt.batch import run_batched
     from nxrt.compiling import CompilingProvider, ExportedKernel
-    from nxrt.devices import (
+    from nxrt.host import NxrtPluginManager, get_plugin_manager
+    from nxrt.kernel import Cost, Kernel, KernelMatch, SubgraphClaim
+    from nxrt.ort.devices import (
         OrtArenaCfg,
         OrtDevice,
         OrtDeviceVendorId,
@@ -103,11 +108,9 @@ if TYPE_CHECKING:
         register_execution_provider_library,
         unregister_execution_provider_library,
     )
-    from nxrt.host import NxrtPluginManager, get_plugin_manager
-    from nxrt.iobinding import IOBinding
-    from nxrt.kernel import Cost, Kernel, KernelMatch, SubgraphClaim
-    from nxrt.lora import AdapterFormat, LoraAdapter
-    from nxrt.ortvalue import (
+    from nxrt.ort.iobinding import IOBinding
+    from nxrt.ort.lora import AdapterFormat, LoraAdapter
+    from nxrt.ort.ortvalue import (
         OrtAllocatorType,
         OrtDeviceMemoryType,
         OrtMemoryInfo,
@@ -116,9 +119,7 @@ if TYPE_CHECKING:
         OrtValue,
         copy_tensors,
     )
-    from nxrt.provider import EpConfig, ExecutionProvider
-    from nxrt.registry import EpRegistry, OpKey, OpRegistry
-    from nxrt.runtime import (
+    from nxrt.ort.runtime import (
         ORT_API_VERSION,
         disable_telemetry_events,
         enable_telemetry_events,
@@ -131,7 +132,7 @@ if TYPE_CHECKING:
         set_default_logger_severity,
         set_default_logger_verbosity,
     )
-    from nxrt.session import (
+    from nxrt.ort.session import (
         ExecutionMode,
         ExecutionOrder,
         GraphOptimizationLevel,
@@ -142,7 +143,10 @@ if TYPE_CHECKING:
         RunOptions,
         SessionOptions,
     )
-    from nxrt.sparse import OrtSparseFormat, SparseTensor
+    from nxrt.ort.sparse import OrtSparseFormat, SparseTensor
+    from nxrt.provider import EpConfig, ExecutionProvider
+    from nxrt.registry import EpRegistry, OpKey, OpRegistry
+    from nxrt.tools.batch import run_batched
     from nxrt.weight import ExecutionProviderCapabilities
 
 _default_pm: NxrtPluginManager | None = None
@@ -155,7 +159,9 @@ def __getattr__(name: str) -> Any:
     if name == "capi":  # onnxruntime.capi.onnxruntime_pybind11_state and the like
         return importlib.import_module("nxrt.capi")
     if name == "SessionIOBinding":  # onnxruntime's name of the binding class in capi
-        return importlib.import_module("nxrt.iobinding").IOBinding
+        return importlib.import_module("nxrt.ort.iobinding").IOBinding
+    if f"nxrt.{name}" in _moved.MOVED:  # ``from nxrt import session``: the flat layout's path
+        return importlib.import_module(f"nxrt.{name}")
     raise AttributeError(f"module 'nxrt' has no attribute {name!r}")
 
 
@@ -174,7 +180,7 @@ def get_available_providers() -> list[str]:
     """The installed EPs in the default priority order (cpu last), by their ONNX Runtime
     names where they have one (``CPUExecutionProvider``), else by their nxrt ids; both
     kinds of name are accepted everywhere (docs/onnxruntime-compat.md)."""
-    from nxrt.runtime import get_available_providers as available
+    from nxrt.ort.runtime import get_available_providers as available
 
     return available(default_plugin_manager())
 

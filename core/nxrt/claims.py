@@ -15,7 +15,7 @@ answers one question per node, "can I run it?", and leaves the rest here:
   host fills ``SubgraphClaim.inputs`` / ``outputs`` with it).
 
 The host still checks each accepted claim against the graph with every
-earlier claim contracted (``nxrt.partition``), so a claim built here is safe
+earlier claim contracted (``nxrt.pipeline.partition``), so a claim built here is safe
 on its own and among the claims of other EPs.
 """
 

@@ -3,7 +3,7 @@
 With the schema registered, ``onnx.checker`` validates a
 ``pkg.nxrt::BlockQuantizedMoE`` node's inputs, types and attributes, and
 ``onnx.shape_inference`` gives its output a type and shape. Registration
-happens when :mod:`nxrt.session` is imported and is idempotent.
+happens when :mod:`nxrt.ort.session` is imported and is idempotent.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ _FLOATS = ["tensor(float)", "tensor(double)", "tensor(float16)"]
 
 
 def _fused_schemas() -> list[onnx.defs.OpSchema]:
-    """``pkg.nxrt::FusedConv`` and ``pkg.nxrt::FusedMatMul`` (see nxrt.optimizer)."""
+    """``pkg.nxrt::FusedConv`` and ``pkg.nxrt::FusedMatMul`` (see nxrt.pipeline.optimizer)."""
     schema = onnx.defs.OpSchema
     param = schema.FormalParameter
     optional = schema.FormalParameterOption.Optional

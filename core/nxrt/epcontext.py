@@ -117,7 +117,7 @@ def read_context(node: ir.Node, base_dir: str | None) -> EpContext:
 
 
 def _read_side_file(location: str, base_dir: str | None, name: str) -> bytes:
-    from nxrt.external_data import resolve_location
+    from nxrt.pipeline.external_data import resolve_location
 
     if base_dir is None:
         raise InvalidModel(

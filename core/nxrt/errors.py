@@ -5,7 +5,7 @@ the rest cover the model, the feeds and the weights. Each message says what
 went wrong and what to do next.
 
 Each class also derives from the ONNX Runtime exception classes
-(:mod:`nxrt.capi.status`) naming the status onnxruntime reports for the same
+(:mod:`nxrt._status`) naming the status onnxruntime reports for the same
 failure, so code written for onnxruntime (``except Fail``, ``except
 InvalidArgument``) catches nxrt's errors unchanged.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nxrt.capi import status
+from nxrt import _status as status
 
 
 class NxrtError(Exception):
@@ -196,7 +196,7 @@ class UnknownProvider(InvalidArgument, RuntimeError):
 
 class InvalidColumn(InvalidArgument):
     """A dataset column cannot feed the model input it is mapped to (batch inference,
-    :mod:`nxrt.batch`): it is missing, or its dtype or per-row shape is not the input's.
+    :mod:`nxrt.tools.batch`): it is missing, or its dtype or per-row shape is not the input's.
     Raised in the driver, on the first rows, before any worker starts."""
 
     def __init__(self, column: str, input_name: str, expected: str, found: str, fix: str) -> None:

@@ -264,7 +264,7 @@ def nxrt_save_context(
 ) -> EpContext | None:
     """Turn a compiled partition into an :class:`~nxrt.epcontext.EpContext`.
 
-    Called only when ``nxrt compile`` (``nxrt.compile.compile_model``) writes
+    Called only when ``nxrt compile`` (``nxrt.tools.compile.compile_model``) writes
     a model, once per compiled claim, after the session that compiled it was
     created (without graph optimizations, so the written model keeps the
     input's nodes).

@@ -46,7 +46,7 @@ logger = logging.getLogger("nxrt")
 ENTRY_POINT_GROUP = "nxrt"
 
 #: Core's own hookimpl modules, registered before any entry point.
-BUILTIN_PLUGINS: tuple[str, ...] = ("nxrt.builtin_hooks",)
+BUILTIN_PLUGINS: tuple[str, ...] = ("nxrt._builtin_hooks",)
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ def attribute_values(
     """
     import onnx_ir as ir
 
-    from nxrt.values import constant_array
+    from nxrt.pipeline.values import constant_array
 
     values: dict[str, Any] = {}
     for name, attr in node.attributes.items():

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
     from nxrt.epcontext import EpContext
     from nxrt.host_parallel import HostParallel
+    from nxrt.moe.residency import ExpertResidencyManager
     from nxrt.registry import KernelEntry, OpRegistry
-    from nxrt.residency import ExpertResidencyManager
     from nxrt.subgraph import Subgraph
 
 #: An EP's identifier, e.g. ``"cpu"``.

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nxrt.kernel import Kernel
 
 if TYPE_CHECKING:
     import onnx_ir as ir
-
-    from nxrt.executor import Plan
 
 #: Outer-scope values visible to the subgraphs of the node being computed.
 OUTER_SCOPE: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("nxrt_outer_scope")
@@ -64,11 +62,18 @@ def implicit_inputs(node: ir.Node) -> list[str]:
     return names
 
 
+class Runnable(Protocol):
+    """What a subgraph runs: a plan (:class:`nxrt.pipeline.executor.Plan`, which the
+    pipeline builds; the EP-author API names only what it calls)."""
+
+    def execute(self, feeds: dict[str, Any], wanted: Sequence[str], profiler: Any) -> Any: ...
+
+
 class Subgraph:
     """A compiled graph attribute; call it with the graph's inputs, get its outputs."""
 
     def __init__(
-        self, plan: Plan, inputs: Sequence[str], outputs: Sequence[str], outer: Sequence[str]
+        self, plan: Runnable, inputs: Sequence[str], outputs: Sequence[str], outer: Sequence[str]
     ):
         self.plan = plan
         self.input_names = list(inputs)

@@ -8,12 +8,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from nxrt.devices import OrtDevice, OrtDeviceVendorId
-from nxrt.iobinding import IOBinding
-from nxrt.lora import AdapterFormat
-from nxrt.ortvalue import OrtValue, copy_tensors
-from nxrt.session import InferenceSession
-from nxrt.sparse import SparseTensor
+from nxrt.ort.devices import OrtDevice, OrtDeviceVendorId
+from nxrt.ort.iobinding import IOBinding
+from nxrt.ort.lora import AdapterFormat
+from nxrt.ort.ortvalue import OrtValue, copy_tensors
+from nxrt.ort.session import InferenceSession
+from nxrt.ort.sparse import SparseTensor
 
 #: onnxruntime's base class of ``InferenceSession``; nxrt has the one class.
 Session = InferenceSession

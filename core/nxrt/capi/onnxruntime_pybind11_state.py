@@ -7,7 +7,7 @@ functions onnxruntime also exposes there, each the same object as in ``nxrt``.
 
 from __future__ import annotations
 
-from nxrt.capi.status import (
+from nxrt._status import (
     DeviceReset,
     EngineError,
     EPFail,
@@ -24,7 +24,7 @@ from nxrt.capi.status import (
     NotImplemented,
     RuntimeException,
 )
-from nxrt.devices import (
+from nxrt.ort.devices import (
     OrtArenaCfg,
     OrtDevice,
     OrtEpAssignedNode,
@@ -39,9 +39,9 @@ from nxrt.devices import (
     register_execution_provider_library,
     unregister_execution_provider_library,
 )
-from nxrt.iobinding import IOBinding as SessionIOBinding
-from nxrt.lora import AdapterFormat, LoraAdapter
-from nxrt.ortvalue import (
+from nxrt.ort.iobinding import IOBinding as SessionIOBinding
+from nxrt.ort.lora import AdapterFormat, LoraAdapter
+from nxrt.ort.ortvalue import (
     OrtAllocatorType,
     OrtDeviceMemoryType,
     OrtMemoryInfo,
@@ -50,7 +50,7 @@ from nxrt.ortvalue import (
     OrtValue,
     copy_tensors,
 )
-from nxrt.runtime import (
+from nxrt.ort.runtime import (
     disable_telemetry_events,
     enable_telemetry_events,
     get_all_providers,
@@ -62,7 +62,7 @@ from nxrt.runtime import (
     set_default_logger_severity,
     set_default_logger_verbosity,
 )
-from nxrt.session import (
+from nxrt.ort.session import (
     ExecutionMode,
     ExecutionOrder,
     GraphOptimizationLevel,
@@ -73,7 +73,7 @@ from nxrt.session import (
     RunOptions,
     SessionOptions,
 )
-from nxrt.sparse import OrtSparseFormat, SparseTensor
+from nxrt.ort.sparse import OrtSparseFormat, SparseTensor
 
 
 def get_default_session_options() -> SessionOptions:

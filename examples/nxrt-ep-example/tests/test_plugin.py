@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 import nxrt
 from nxrt.host import Host
-from nxrt.testing import register_plugin, run_node
+from nxrt.tools.testing import register_plugin, run_node
 
 
 def test_installed_and_listed():

@@ -23,8 +23,8 @@ import onnx_ir as ir
 from nxrt.contrib_ops import DOMAIN as FUSED_DOMAIN
 from nxrt.contrib_ops import FUSED_SINCE as FUSED_VERSION
 from nxrt.kernel import attribute_values
-from nxrt.optimizer import constant_array as _constant
-from nxrt.optimizer import new_initializer as _new_initializer
+from nxrt.pipeline.optimizer import constant_array as _constant
+from nxrt.pipeline.optimizer import new_initializer as _new_initializer
 from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.quant_fusions import quant_passes
 

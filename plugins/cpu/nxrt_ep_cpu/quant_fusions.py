@@ -27,8 +27,8 @@ import numpy as np
 import onnx_ir as ir
 
 from nxrt.contrib_ops import DOMAIN as NXRT_DOMAIN
-from nxrt.optimizer import constant_array as _constant
-from nxrt.optimizer import new_initializer as _new_initializer
+from nxrt.pipeline.optimizer import constant_array as _constant
+from nxrt.pipeline.optimizer import new_initializer as _new_initializer
 
 MS_DOMAIN = "com.microsoft"
 _STANDARD = ("", "ai.onnx")

@@ -87,7 +87,7 @@ def _warm_one(model: Any, threads: int | None) -> str:
 
 def catalogue() -> list[Entry]:
     """Every model ``nxrt warmup`` without a model compiles, by name."""
-    from nxrt.light_models import LIGHT_MODELS, light_model_path
+    from nxrt.tools.light_models import LIGHT_MODELS, light_model_path
 
     entries: list[Entry] = [
         # cast: mypy cannot infer a lambda that binds a default

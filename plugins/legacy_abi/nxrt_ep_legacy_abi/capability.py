@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from nxrt.claims import captured_values, nested_graphs
-from nxrt.model import type_string_of
+from nxrt.pipeline.model import type_string_of
 from nxrt.registry import normalize_domain
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """ai.onnx.ml ops on maps: ZipMap, DictVectorizer and CastMap.
 
 A map is a Python ``dict`` and a sequence of maps a ``list`` of dicts, the
-form ONNX Runtime takes and returns (see :mod:`nxrt.values`). ZipMap builds
+form ONNX Runtime takes and returns (see :mod:`nxrt.pipeline.values`). ZipMap builds
 one dict per row, the output's very form; the other two read one map.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from nxrt.errors import KernelFailed
-from nxrt.values import MapType
+from nxrt.pipeline.values import MapType
 from nxrt_ep_cpu.kernels import CpuKernel
 from nxrt_ep_cpu.ops._registry import op
 from nxrt_ep_cpu.ops.ml_scores import text
@@ -94,7 +94,7 @@ def _dict_vectorizer_kernel(node: ir.Node) -> CpuKernel:
     attrs = attribute_values(node)
     declared = node.inputs[0].type if node.inputs and node.inputs[0] is not None else None
     if isinstance(declared, MapType):
-        from nxrt.model import numpy_dtype
+        from nxrt.pipeline.model import numpy_dtype
 
         attrs["_dtype"] = numpy_dtype(int(declared.value_type.dtype))
     return CpuKernel(dict_vectorizer, attrs)

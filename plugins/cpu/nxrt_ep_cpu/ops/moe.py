@@ -4,7 +4,7 @@ Only the experts the router picks are dequantised, one at a time, so a call
 costs memory for one expert's float weights, never the whole bank. The cpu
 EP advertises the ``"nxrt"`` capability: expert weights stored as external
 data reach this kernel as lazy handles, and its EP's
-:class:`~nxrt.residency.ExpertResidencyManager` pages the routed experts in
+:class:`~nxrt.moe.residency.ExpertResidencyManager` pages the routed experts in
 under a byte budget. EP options (``providers=[("cpu", {...})]``):
 
 - ``nxrt.expert_memory_budget``: bytes of expert weights kept in memory
@@ -29,14 +29,14 @@ from nxrt.contrib_ops import DOMAIN, MOE_OP_TYPE, MOE_SINCE  # the schema, regis
 from nxrt.errors import InvalidArgument, InvalidModel, KernelFailed, NxrtError, OutOfMemory
 from nxrt.kernel import Cost, Kernel, attribute_values
 from nxrt.memory import parse_bytes
-from nxrt.residency import (
+from nxrt.moe.residency import (
     ExpertResidencyManager,
     FinalizedExpertBank,
     StaticProfileResidencyPolicy,
     WholeBankResidentPolicy,
 )
+from nxrt.pipeline.weight_binding import resident_array
 from nxrt.weight import LazyWeight
-from nxrt.weight_binding import resident_array
 from nxrt_ep_cpu.ops._registry import op
 
 if TYPE_CHECKING:

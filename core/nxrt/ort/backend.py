@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
-from nxrt.session import DISABLE_CPU_EP_FALLBACK, InferenceSession, SessionOptions
+from nxrt.ort.session import DISABLE_CPU_EP_FALLBACK, InferenceSession, SessionOptions
 
 
 class NxrtBackendRep(BackendRep):

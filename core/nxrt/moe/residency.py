@@ -96,7 +96,7 @@ class FinalizedExpertBank:
 def expert_weight_groups(
     weights: Mapping[int, Any], num_experts: int, bank: int = 0
 ) -> list[ExpertWeightGroup]:
-    """Cut lazy weights (input index -> :class:`~nxrt.external_data.ExternalLazyWeight`)
+    """Cut lazy weights (input index -> :class:`~nxrt.pipeline.external_data.ExternalLazyWeight`)
     into one group per expert.
 
     Each weight's leading axis is the expert, so expert ``e``'s slice is the

@@ -27,6 +27,7 @@ import onnx
 import onnx_ir as ir
 
 from nxrt.errors import InvalidExternalData
+from nxrt.pipeline.weight_binding import EXTERNAL_TENSOR_META, lazy_weight_candidates
 from nxrt.tensor import ExternalMmapRegion
 from nxrt.weight import (
     LazyWeight,
@@ -34,7 +35,6 @@ from nxrt.weight import (
     ResidentWeight,
     WeightHandle,
 )
-from nxrt.weight_binding import EXTERNAL_TENSOR_META, lazy_weight_candidates
 
 _PAGE = mmap.PAGESIZE
 _COPY_CHUNK = 1 << 18  # bytes copied out of a mapping between two page drops
@@ -497,7 +497,7 @@ def resolve_external_data(
         else:
             holder.attributes[attr.name] = ir.AttrTensors(attr.name, tensors)
     # Keep the folder's registry and the files in memory (the mappings) alive with the model.
-    model.meta["nxrt.external_data"] = registry
+    model.meta["nxrt.pipeline.external_data"] = registry
     model.meta["nxrt.external_files"] = memory
     return handles
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from nxrt._files import write_atomically
 from nxrt.errors import InvalidArgument, RuntimeFailure
-from nxrt.files import write_atomically
-from nxrt.model import numpy_dtype
-from nxrt.ortvalue import OrtValue, onnx_element_type
+from nxrt.ort.ortvalue import OrtValue, onnx_element_type
+from nxrt.pipeline.model import numpy_dtype
 
 #: The FlatBuffer file identifier and the format version onnxruntime reads and writes.
 IDENTIFIER = b"TORT"

@@ -21,7 +21,7 @@ and the output; nxrt plugs into it instead of growing a scheduler of its own.
 - :func:`run_job`: ``nxrt batch MODEL INPUT OUTPUT``: .npy or Parquet in,
   Parquet out, every input row written exactly once, failed rows listed.
 
-Ray is imported only inside functions: ``import nxrt`` and ``import nxrt.batch``
+Ray is imported only inside functions: ``import nxrt`` and ``import nxrt.tools.batch``
 never import it. docs/scale-out.md has the cluster recipe and measurements.
 """
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import onnx
     import ray.data
 
-    from nxrt.session import InferenceSession, NodeArg, RunOptions, SessionOptions
+    from nxrt.ort.session import InferenceSession, NodeArg, RunOptions, SessionOptions
 
 #: The output column saying why a row failed ("" for a row that ran).
 ERROR_COLUMN = "nxrt_error"
@@ -254,7 +254,7 @@ class InputSpec:
 
     @classmethod
     def of(cls, arg: NodeArg) -> InputSpec:
-        from nxrt.model import numpy_dtype_of
+        from nxrt.pipeline.model import numpy_dtype_of
 
         if not arg.shape:
             raise InvalidArgument(
@@ -389,8 +389,8 @@ class ModelPackage:
     @classmethod
     def of(cls, model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> ModelPackage:
         """Pack a model path (with its side files), model bytes or a ModelProto."""
-        from nxrt.external_data import resolve_location
-        from nxrt.model import read_proto
+        from nxrt.pipeline.external_data import resolve_location
+        from nxrt.pipeline.model import read_proto
 
         if not isinstance(model, (str, os.PathLike)):
             data = model if isinstance(model, bytes) else model.SerializeToString()
@@ -499,7 +499,7 @@ class Predictor:
     per batch (Ray's batch-inference idiom)::
 
         ds.map_batches(
-            nxrt.batch.Predictor,
+            nxrt.tools.batch.Predictor,
             fn_constructor_kwargs={"model": "model.onnx", "providers": ["cpu"], "keep": ["id"]},
             compute=ray.data.ActorPoolStrategy(size=4),
             num_cpus=1,
@@ -579,7 +579,7 @@ class Predictor:
         for arg in session.get_outputs():  # fully static outputs need no measuring
             if arg.name not in self.output_specs and arg.shape and arg.type.startswith("tensor("):
                 if all(isinstance(d, int) for d in arg.shape[1:]):
-                    from nxrt.model import numpy_dtype_of
+                    from nxrt.pipeline.model import numpy_dtype_of
 
                     dims = typing.cast("tuple[int, ...]", tuple(arg.shape[1:]))  # all int: checked
                     self.output_specs[arg.name] = (numpy_dtype_of(arg.type), dims)
@@ -670,7 +670,7 @@ class Predictor:
         if spec is None:
             raise RuntimeFailure(
                 f"rows failed before output {name!r} was ever computed, so its shape is unknown "
-                "and the rows cannot be kept; pass output_specs (nxrt.batch.predict does)"
+                "and the rows cannot be kept; pass output_specs (nxrt.tools.batch.predict does)"
             )
         dtype, shape = spec
         fill: Any = np.nan if dtype.kind in "fc" else ("" if dtype.kind in "OUS" else 0)
@@ -728,8 +728,8 @@ def driver_session(
     measured at the batch the workers will run, so the selection decided (and cached)
     here is the workers' decision too."""
     import nxrt
-    from nxrt.model import read_proto
-    from nxrt.selection import DIMS
+    from nxrt.pipeline.model import read_proto
+    from nxrt.pipeline.selection import DIMS
 
     options = copy.copy(sess_options) if sess_options is not None else nxrt.SessionOptions()
     options._config = dict(options._config)

@@ -26,8 +26,8 @@ import numpy as np
 import onnx
 
 from nxrt.errors import InvalidArgument, RuntimeFailure
-from nxrt.model import numpy_dtype, type_string
-from nxrt.sparse import SparseTensor
+from nxrt.ort.sparse import SparseTensor
+from nxrt.pipeline.model import numpy_dtype, type_string
 from nxrt.tensor import TensorView
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def device_ep(device: str) -> ExecutionProvider:
 def _start_device_ep(device: str) -> ExecutionProvider:
     from nxrt import default_plugin_manager
     from nxrt.host import Host
-    from nxrt.pipeline import instantiate_ep
+    from nxrt.pipeline.stages import instantiate_ep
 
     host = Host(default_plugin_manager())
     registry = host.build_registry()

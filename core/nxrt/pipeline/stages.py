@@ -9,13 +9,13 @@ earlier stage's result, and an EP is complete once stage 3 has bound it
    ``ModelProto``, run the checker and shape inference (on a copy without the
    weights' bytes), validate the graph, map external data (mmap, confined to
    the model's folder), apply what ``SessionOptions`` changes in the model
-   (:mod:`nxrt.overrides`: the caller's initializers and free-dimension
+   (:mod:`nxrt.pipeline.overrides`: the caller's initializers and free-dimension
    sizes), and hold every other weight as one numpy array.
 2. :func:`select_providers` -> :class:`Selection` — the EPs to use, highest
    priority first: the caller's ``providers`` list as given (cpu appended as
    the fallback unless ``session.disable_cpu_ep_fallback`` is set), or, when
    the caller gives none, what the session's provider-selection policy
-   chooses (:func:`nxrt.selection.decide`; by default it builds each candidate
+   chooses (:func:`nxrt.pipeline.selection.decide`; by default it builds each candidate
    plan through stages 3 to 7, times it, and keeps the fastest, cached on disk).
 3. :func:`create_providers` -> :class:`Providers` — each selected EP built by
    its factory, bound (its id, the session's pool, its kernel table, the
@@ -27,7 +27,7 @@ earlier stage's result, and an EP is complete once stage 3 has bound it
    kernels through ``nxrt_match_kernel``, then dead code), then the first EP's
    ``nxrt_optimizer_passes``. Optimizing needs the EPs' kernels and passes,
    so it runs after the EPs are chosen; its model is the one stages 5 to 7 read.
-5. :func:`place` -> :class:`~nxrt.partition.Placement` — EPContext nodes to
+5. :func:`place` -> :class:`~nxrt.pipeline.partition.Placement` — EPContext nodes to
    the EPs owning their sources (``nxrt_load_context``), then each EP in
    order claims subgraphs (``nxrt_claim_subgraphs``) and matches single
    nodes (``nxrt_match_kernel``); claims are checked for cycles with every
@@ -35,10 +35,10 @@ earlier stage's result, and an EP is complete once stage 3 has bound it
 6. :func:`plan` -> :class:`PlanDraft` — the run order (every node or claim
    exactly once, or :class:`~nxrt.errors.InvalidPlacement`), a slot per value,
    the copies between devices, weights negotiated per EP.
-7. :func:`instantiate` -> :class:`~nxrt.executor.Plan` — kernels created and
+7. :func:`instantiate` -> :class:`~nxrt.pipeline.executor.Plan` — kernels created and
    claims compiled, buffer slots freed after their last use.
 
-:func:`create` then assembles the :class:`~nxrt.partition.PartitionReport`
+:func:`create` then assembles the :class:`~nxrt.pipeline.partition.PartitionReport`
 once, from the parts the stages returned (placement, copies, folded and
 fused nodes, the selection report), and writes the optimized model when
 ``optimized_model_filepath`` asks for it. :func:`fit_plan` derives from a
@@ -63,7 +63,6 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from nxrt import contrib_ops  # noqa: F401  (registers nxrt's op schemas with onnx)
-from nxrt import selection as sel
 from nxrt.epcontext import build_ep_context_registry, is_context_node, read_context
 from nxrt.errors import (
     EpLoadFailed,
@@ -73,26 +72,32 @@ from nxrt.errors import (
     NxrtError,
     UnknownProvider,
 )
-from nxrt.executor import NO_SLOT, CopyKernel, Plan, Step
-from nxrt.external_data import resolve_external_data
 from nxrt.host import Host, NxrtPluginManager
 from nxrt.host_parallel import HostParallel
 from nxrt.kernel import Kernel, SubgraphClaim
 from nxrt.memory import parse_bytes
-from nxrt.model import load_model, opset_of, value_names
-from nxrt.optimizer import fold_constants, run_passes
-from nxrt.overrides import (
+from nxrt.pipeline import selection as sel
+from nxrt.pipeline.executor import NO_SLOT, CopyKernel, Plan, Step
+from nxrt.pipeline.external_data import resolve_external_data
+from nxrt.pipeline.model import load_model, opset_of, value_names
+from nxrt.pipeline.optimizer import fold_constants, run_passes
+from nxrt.pipeline.overrides import (
     override_free_dimensions,
     private_ops,
     replace_initializers,
     save_optimized,
 )
-from nxrt.partition import Copy, PartitionReport, Placement, partition, schedule
+from nxrt.pipeline.partition import Copy, PartitionReport, Placement, partition, schedule
+from nxrt.pipeline.selection import (
+    Candidate,
+    EpInfo,
+    ExecutionProviderDevicePolicy,
+    SelectionReport,
+)
+from nxrt.pipeline.values import constant_array
+from nxrt.pipeline.weight_binding import EXTERNAL_TENSOR_META, negotiate_weights
 from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt.selection import Candidate, EpInfo, ExecutionProviderDevicePolicy, SelectionReport
 from nxrt.subgraph import ScopedKernel, Subgraph, implicit_inputs, outer_names, subgraphs_of
-from nxrt.values import constant_array
-from nxrt.weight_binding import EXTERNAL_TENSOR_META, negotiate_weights
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -899,7 +904,7 @@ def choose(
     options: CreateOptions,
 ) -> tuple[Built, SelectionReport]:
     """Stage 2 without ``providers``: the session's policy picks the EPs
-    (:func:`nxrt.selection.decide`), then stages 3 to 7 run for them.
+    (:func:`nxrt.pipeline.selection.decide`), then stages 3 to 7 run for them.
 
     The winner measuring built is kept, unless the model maps weights (then it
     is built again); a chosen EP that cannot build the model leaves cpu alone.
@@ -980,7 +985,7 @@ def ep_infos(
 
 def plugin_version(host: Host, plugin: str) -> str:
     """The plugin distribution's identity and those of what it depends on (its backend):
-    version, and source folder for an editable install (:func:`~nxrt.selection.
+    version, and source folder for an editable install (:func:`~nxrt.pipeline.selection.
     distribution_identity`), so a decision is never shared by code that differs."""
     import re
 

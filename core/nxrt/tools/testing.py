@@ -9,7 +9,7 @@ undo it at teardown. Fixtures:
 - ``hook_recorder`` — records every hook call made on ``nxrt_pm``, in
   order and repeats included, with its arguments and its result or exception.
 
-Option: ``--nxrt-ep NAME`` adds the checks of :mod:`nxrt.ep_suite` for
+Option: ``--nxrt-ep NAME`` adds the checks of :mod:`nxrt.tools.ep_suite` for
 that EP (hook-level checks and the ONNX node conformance cases it accepts) to
 the test run.
 
@@ -17,7 +17,7 @@ Helpers: :func:`register_plugin` (a context manager that always
 unregisters), :func:`make_node_model` and :func:`run_node` (one-node models
 through a real session pinned to one EP), :data:`LIGHT_MODELS` with
 :func:`light_model_path` and :func:`dummy_feeds` (the onnx package's light
-models and the input its backend runner gives them, from :mod:`nxrt.light_models`).
+models and the input its backend runner gives them, from :mod:`nxrt.tools.light_models`).
 
 The kit needs pytest, which the runtime does not: ``pip install "nxrt[kit]"``.
 Without it, importing this module raises :class:`~nxrt.errors.MissingExtra`.
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nxrt.errors import MissingExtra
-from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
+from nxrt.tools.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 
 try:
     import pytest
 except ImportError as exc:  # the runtime installs without pytest: the kit is an extra
-    raise MissingExtra("nxrt's EP testing kit (nxrt.testing)", "pytest", "kit") from exc
+    raise MissingExtra("nxrt's EP testing kit (nxrt.tools.testing)", "pytest", "kit") from exc
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,9 +64,9 @@ def pytest_collection_modifyitems(
         return
     from pathlib import Path
 
-    import nxrt.ep_suite  # numpy, onnx and the host: too heavy for every pytest start
+    import nxrt.tools.ep_suite  # numpy, onnx and the host: too heavy for every pytest start
 
-    module = pytest.Module.from_parent(session, path=Path(nxrt.ep_suite.__file__))
+    module = pytest.Module.from_parent(session, path=Path(nxrt.tools.ep_suite.__file__))
     items.extend(item for item in module.collect() if isinstance(item, pytest.Item))
 
 
@@ -212,7 +212,7 @@ def run_node(
 ) -> list[Any]:
     """Run a one-node model through a real session pinned to ``ep`` (no fallback)."""
     import nxrt
-    from nxrt.session import DISABLE_CPU_EP_FALLBACK
+    from nxrt.ort.session import DISABLE_CPU_EP_FALLBACK
 
     model = make_node_model(op_type, inputs, attrs, **model_args)
     options = nxrt.SessionOptions()

@@ -23,6 +23,8 @@ DEFAULT_DATA = "digits_test.npz"
 #: ``nxrt run``'s timed runs and untimed warm-up runs, after the first run (shown apart).
 DEFAULT_REPEAT = 20
 DEFAULT_WARMUP = 3
+#: The selection budget of ``nxrt warmup MODEL`` (ms): it measures every candidate.
+WARMUP_BUDGET_MS = 120_000
 
 
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
@@ -178,7 +180,7 @@ def _make_session(model: Any, args: argparse.Namespace, feeds: dict[str, Any] | 
     """The session ``args`` ask for. Given ``feeds``, the default selection measures its
     candidates at their shapes (``nxrt.selection.shapes``), not at batch 1."""
     import nxrt
-    from nxrt.selection import SHAPES
+    from nxrt.pipeline.selection import SHAPES
 
     options = nxrt.SessionOptions()
     options.enable_profiling = bool(getattr(args, "profile", False))
@@ -252,7 +254,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         session = _make_session(args.model, args, given)
         created = time.perf_counter() - start
-        from nxrt.light_models import dummy_feeds
+        from nxrt.tools.light_models import dummy_feeds
 
         feeds = {**dummy_feeds(session), **given}
         outputs, timing = _benchmark(session, feeds, args.repeat, args.warmup)
@@ -390,8 +392,8 @@ def cmd_check_ep(args: argparse.Namespace) -> int:
     import re
 
     import nxrt
-    from nxrt.conformance import ORT, Summary, load_exclusions, node_cases, package_exclusions
     from nxrt.host import Host
+    from nxrt.tools.conformance import ORT, Summary, load_exclusions, node_cases, package_exclusions
 
     cases = node_cases()
     ops = set(args.ops.split(",")) if args.ops else None
@@ -412,7 +414,7 @@ def cmd_check_ep(args: argparse.Namespace) -> int:
         plugin = pm.get_plugin(descriptor.plugin)
         assert plugin is not None  # its registry entry came from it
         excluded = package_exclusions(plugin.__name__)
-    from nxrt.conformance import run_cases
+    from nxrt.tools.conformance import run_cases
 
     runs = [args.ep] + ([] if args.no_compare else [ORT])
     summaries = {}
@@ -450,8 +452,8 @@ def cmd_check_ep(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from nxrt.compile import compile_model
     from nxrt.errors import NxrtError
+    from nxrt.tools.compile import compile_model
 
     try:
         report = compile_model(
@@ -479,7 +481,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     import nxrt
     from nxrt.host import Host
     from nxrt.host_parallel import HostParallel
-    from nxrt.pipeline import instantiate_ep
+    from nxrt.pipeline.stages import instantiate_ep
 
     pm = nxrt.default_plugin_manager()
     host = Host(pm)
@@ -517,7 +519,36 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         for line in lines:
             print(f"  {line}")
         print(f"{descriptor.id}: done in {time.perf_counter() - started:.1f} s")
+    if args.model is not None and not args.ep and status == 0:
+        status = _warm_selection(args.model, args.threads)
     return status
+
+
+def _warm_selection(model: str, threads: int | None) -> int:
+    """Decide the model's default selection once its kernels are in the caches, so that
+    every later session without ``providers`` reads it from the selection cache."""
+    import nxrt
+    from nxrt.errors import NxrtError
+
+    options = nxrt.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    # time enough to measure every candidate: a decision with one unmeasured is not cached
+    options.add_session_config_entry("nxrt.selection.budget_ms", str(WARMUP_BUDGET_MS))
+    try:
+        session = nxrt.InferenceSession(model, options)
+    except NxrtError as exc:
+        print(f"selection: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    report = session.get_partition().selection
+    if report is None:
+        return 0
+    for line in report.lines():
+        print(line)
+    if not (report.cached or report.from_cache):
+        print("selection: not cached (see the note above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
@@ -532,10 +563,10 @@ def _pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    """Run a model over a dataset with Ray Data (``nxrt.batch.run_job``); exit 0 when every
+    """Run a model over a dataset with Ray Data (``nxrt.tools.batch.run_job``); exit 0 when every
     row ran, 3 when the job ran but some rows failed (each listed), 1 on an nxrt error."""
-    from nxrt import batch
     from nxrt.errors import NxrtError
+    from nxrt.tools import batch
 
     try:
         import ray.data  # noqa: F401 - only to say what to install
@@ -639,7 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_partition)
 
-    p = sub.add_parser("warmup", help="compile kernels into the disk cache (images, CI)")
+    p = sub.add_parser(
+        "warmup",
+        help="compile kernels into the disk cache, and with MODEL decide its default selection "
+        "(images, CI)",
+    )
     p.add_argument("model", nargs="?", help="a .onnx model (default: every compiled kernel)")
     p.add_argument(
         "--ep", help="comma-separated EP ids (default: every installed EP that compiles ahead)"

@@ -20,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from nxrt.conformance import check_case, node_cases, package_exclusions, run_cases
 from nxrt.epcontext import EpContext
 from nxrt.errors import EpLoadFailed, EpPanicked, MissingExtra, NxrtError, UnsupportedContext
 from nxrt.host import Host, get_plugin_manager
 from nxrt.kernel import Cost, KernelMatch
-from nxrt.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
-from nxrt.partition import check_claim
+from nxrt.pipeline.partition import check_claim
 from nxrt.provider import EpConfig, ExecutionProvider
 from nxrt.registry import EpRegistry
+from nxrt.tools.conformance import check_case, node_cases, package_exclusions, run_cases
+from nxrt.tools.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 from nxrt.weight import ExecutionProviderCapabilities
 
 try:
@@ -183,8 +183,8 @@ def _connected(nodes: Any) -> bool:
 def test_epcontext_round_trip(ep_id: str, tmp_path: Any) -> None:
     """Compile a model, save its partitions as EPContext nodes, load them back: same results."""
     import nxrt
-    from nxrt.compile import compile_model
-    from nxrt.session import DISABLE_MODEL_COMPILE
+    from nxrt.ort.session import DISABLE_MODEL_COMPILE
+    from nxrt.tools.compile import compile_model
 
     descriptor = _descriptor(ep_id)
     ep = _provider(ep_id)

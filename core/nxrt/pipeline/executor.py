@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nxrt._files import write_atomically
 from nxrt.errors import EpPanicked, KernelFailed, NxrtError, OutOfMemory
-from nxrt.files import write_atomically
 from nxrt.kernel import ARG_DEVICE, ARG_KERNEL_VARIANT, ARG_KERNEL_VARIANT_REASON, Kernel
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """What ``SessionOptions`` changes in a session's model, and the optimized model it writes.
 
 Session creation calls these from its stages: in ``load``
-(:func:`nxrt.pipeline.load`), the caller's initializers and free-dimension
+(:func:`nxrt.pipeline.stages.load`), the caller's initializers and free-dimension
 values replace the model's (``add_initializer``, ``add_external_initializers``,
 ``add_free_dimension_override_by_name``); once the plan is made, the
 optimized graph is written where ``optimized_model_filepath`` says.
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 from onnx import numpy_helper
 
+from nxrt._files import write_atomically
 from nxrt.contrib_ops import DOMAIN as NXRT_DOMAIN
 from nxrt.errors import InvalidArgument, RuntimeFailure
-from nxrt.files import write_atomically
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -131,7 +131,7 @@ def model_session_options(source: Any) -> dict[str, int]:
     caller's when ``ORT_LOAD_CONFIG_FROM_MODEL=1`` (the session applies them)."""
     import json
 
-    from nxrt.model import read_proto
+    from nxrt.pipeline.model import read_proto
 
     entries = {p.key: p.value for p in read_proto(source).metadata_props}
     if ORT_CONFIG_KEY not in entries:

@@ -30,14 +30,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nxrt import runtime
 from nxrt.errors import InvalidArgument, RuntimeFailure
-from nxrt.ortvalue import OrtAllocatorType, OrtDeviceMemoryType, OrtMemoryInfo, OrtMemType
+from nxrt.ort import runtime
+from nxrt.ort.ortvalue import OrtAllocatorType, OrtDeviceMemoryType, OrtMemoryInfo, OrtMemType
 from nxrt.registry import normalize_domain
 
 if TYPE_CHECKING:
     from nxrt.host import NxrtPluginManager
-    from nxrt.partition import PartitionReport
+    from nxrt.pipeline.partition import PartitionReport
     from nxrt.registry import EpDescriptor
 
 

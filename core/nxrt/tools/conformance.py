@@ -1,12 +1,12 @@
 """The ONNX node conformance suite, run against one EP (or onnxruntime) in worker processes.
 
 Each case is one of ``onnx/backend/test/data/node`` (a model, inputs and
-expected outputs), run by ONNX's own test runner through :mod:`nxrt.backend`.
+expected outputs), run by ONNX's own test runner through :mod:`nxrt.ort.backend`.
 Cases run in a small pool of worker processes: a case that hangs past the
 timeout or crashes its worker is recorded as an error and the run goes on
 with a fresh worker.
 
-Used by ``nxrt check-ep``, by the conformance tests, and by ``nxrt.testing``.
+Used by ``nxrt check-ep``, by the conformance tests, and by ``nxrt.tools.testing``.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _backend(ep: str):
         import onnxruntime.backend
 
         return onnxruntime.backend
-    from nxrt.backend import backend_for
+    from nxrt.ort.backend import backend_for
 
     return backend_for(ep)
 
@@ -184,7 +184,7 @@ class _Worker:
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nxrt.conformance", "--worker", ep],
+            [sys.executable, "-m", "nxrt.tools.conformance", "--worker", ep],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -308,4 +308,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         _worker(sys.argv[2])
     else:
-        sys.exit("usage: python -m nxrt.conformance --worker EP")
+        sys.exit("usage: python -m nxrt.tools.conformance --worker EP")

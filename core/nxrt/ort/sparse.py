@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from nxrt.errors import RuntimeFailure
-from nxrt.model import type_string
+from nxrt.pipeline.model import type_string
 
 
 class OrtSparseFormat(enum.IntEnum):

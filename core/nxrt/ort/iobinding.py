@@ -14,15 +14,38 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from nxrt.errors import InvalidArgument, RuntimeFailure
-from nxrt.ortvalue import HOST, OrtValue, device_ep, element_dtype
+from nxrt.ort.ortvalue import HOST, OrtValue, device_ep, element_dtype
 
 if TYPE_CHECKING:
-    from nxrt.session import InferenceSession, RunOptions
+    from nxrt.ort.options import RunOptions
+    from nxrt.provider import ExecutionProvider
+
+
+class BoundSession(Protocol):
+    """What a binding calls on its session (:class:`nxrt.ort.session.InferenceSession`,
+    which makes bindings: named here so the two modules need not name each other)."""
+
+    @property
+    def output_names(self) -> list[str]: ...
+
+    def check_input_name(self, name: str) -> None: ...
+
+    def output_producer(self, name: str) -> ExecutionProvider | None: ...
+
+    def output_value(self, name: str, value: Any, kept: bool) -> OrtValue: ...
+
+    def run_bound(
+        self,
+        inputs: dict[str, OrtValue],
+        outputs: Sequence[str],
+        kept: frozenset[str],
+        run_options: RunOptions | None,
+    ) -> list[Any]: ...
 
 
 @dataclass
@@ -53,7 +76,7 @@ def _pointer_array(
 class IOBinding:
     """Inputs and outputs bound to a session, for :meth:`InferenceSession.run_with_iobinding`."""
 
-    def __init__(self, session: InferenceSession) -> None:
+    def __init__(self, session: BoundSession) -> None:
         self.session = session
         self._inputs: dict[str, OrtValue] = {}
         self._outputs: dict[str, _Output] = {}  # in binding order, the order of get_outputs

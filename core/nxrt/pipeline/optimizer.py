@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 import onnx_ir as ir
 
-from nxrt.model import validate_graph
+from nxrt.pipeline.model import validate_graph
 
 
 def constant_array(value: ir.Value | None) -> np.ndarray | None:

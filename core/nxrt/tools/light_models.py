@@ -3,7 +3,7 @@
 Real CNNs with every weight included, shipped inside the ``onnx`` wheel under
 ``backend/test/data/light``: the models the EP kit, the model tests and the
 benchmarks run without downloading anything. Kept apart from
-:mod:`nxrt.testing` so that the kit's suite (:mod:`nxrt.ep_suite`) and the
+:mod:`nxrt.tools.testing` so that the kit's suite (:mod:`nxrt.tools.ep_suite`) and the
 benchmarks can use them without importing the pytest plugin.
 """
 
@@ -46,7 +46,7 @@ def dummy_feeds(session: Any) -> dict[str, np.ndarray]:
     """
     import numpy as np
 
-    from nxrt.model import numpy_dtype_of
+    from nxrt.pipeline.model import numpy_dtype_of
 
     feeds = {}
     for arg in session.get_inputs():

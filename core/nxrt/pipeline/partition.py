@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, cast
 from nxrt.claims import claim_boundary, node_inputs
 from nxrt.errors import InvalidPlacement, NoEpForNodes
 from nxrt.kernel import KernelMatch, SubgraphClaim
-from nxrt.model import opset_of
+from nxrt.pipeline.model import opset_of
 from nxrt.registry import normalize_domain
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.host import Host
+    from nxrt.pipeline.selection import SelectionReport
     from nxrt.provider import ExecutionProvider
-    from nxrt.selection import SelectionReport
 
 
 @dataclass
@@ -60,7 +60,7 @@ class PartitionReport:
     copies: list[Copy] = field(default_factory=list)
     folded: list[tuple[str, str]] = field(default_factory=list)  # (node, op) computed at creation
     fused: list[tuple[str, str]] = field(default_factory=list)  # (node, node it was fused into)
-    #: How the EPs were chosen when the caller gave no providers (nxrt.selection).
+    #: How the EPs were chosen when the caller gave no providers (nxrt.pipeline.selection).
     selection: SelectionReport | None = None
 
     @property

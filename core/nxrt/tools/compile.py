@@ -16,10 +16,10 @@ from typing import Any, cast
 import onnx
 from onnx import helper
 
+from nxrt._files import write_atomically
 from nxrt.epcontext import EPCONTEXT_DOMAIN, EPCONTEXT_OP, EpContext, context_attributes
 from nxrt.errors import InvalidArgument
-from nxrt.files import write_atomically
-from nxrt.model import read_proto
+from nxrt.pipeline.model import read_proto
 
 SDK_METADATA_PREFIX = "ep_compatibility_info."
 
@@ -47,7 +47,8 @@ def compile_model(
     :param embed_mode: 1 puts each blob inside the model; 0 writes it to a
         file next to ``output_path`` and records the file's name.
     """
-    from nxrt import default_plugin_manager, pipeline
+    from nxrt import default_plugin_manager
+    from nxrt.pipeline import stages as pipeline
 
     source, output = os.path.abspath(model_path), os.path.abspath(output_path)
     if embed_mode not in (0, 1):

@@ -9,7 +9,7 @@ disposable child process and returns only what the child reports through a
 pipe. Where the child comes from:
 
 - **the helper** (from the second call on in a process): a fresh interpreter
-  started once (``python -m nxrt.contained --serve``), which imports onnx and
+  started once (``python -m nxrt.pipeline.contained --serve``), which imports onnx and
   keeps a forked child of its own waiting for the next request (a spare, forked
   again after each one, while the caller goes on). A fork copies the page
   table of the forking process, and afterwards each page either process writes
@@ -86,7 +86,7 @@ HELPER_BYTES = 32 << 20
 #: The modules whose tasks the helper runs: imported once, before it says it is ready
 #: (``nxrt.contrib_ops`` registers nxrt's op schemas with onnx, and its first lookup
 #: builds onnx's schema registry: 30-60 ms each child would pay again).
-HELPER_IMPORTS = ("nxrt.model", "nxrt.contrib_ops")
+HELPER_IMPORTS = ("nxrt.pipeline.model", "nxrt.contrib_ops")
 
 #: A frame: one kind byte, then the payload's length (8 bytes, little-endian), then it.
 _HEADER = struct.Struct("<cQ")
@@ -497,10 +497,10 @@ class _Helper:
         env = {**os.environ, **dict.fromkeys(_ONE_THREAD, "1")}
         # run from the folder holding nxrt: `-m` puts it first on sys.path, where the
         # caller's folder could shadow a module the helper imports
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "nxrt.contained", "--serve", *HELPER_IMPORTS],
+                [sys.executable, "-m", "nxrt.pipeline.contained", "--serve", *HELPER_IMPORTS],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,

@@ -75,9 +75,9 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
+from nxrt._files import write_atomically
 from nxrt.errors import InvalidArgument, NxrtError
-from nxrt.files import write_atomically
-from nxrt.model import numpy_dtype
+from nxrt.pipeline.model import numpy_dtype
 
 if TYPE_CHECKING:
     import onnx
@@ -636,7 +636,7 @@ def decide(
     docstring): a valid cached decision, else the measured fastest candidate, else the EPs
     in the policy's order.
 
-    :param config: The session's config entries (the ``nxrt.selection.*`` ones).
+    :param config: The session's config entries (the ``nxrt.pipeline.selection.*`` ones).
     :param start: Starts every installed EP, for its device and preference; returns them
         and a skipped candidate for each EP that cannot start. Called only on a cache miss.
     :param build: Builds one candidate from its providers (:func:`measure`).

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import onnx
 
-from nxrt import contained
 from nxrt.errors import InvalidModel, ModelNotFound, ModelNotParsed
+from nxrt.pipeline import contained
+from nxrt.pipeline.values import MapType, complete_types, hide_map_types, restore_map_types
 from nxrt.registry import normalize_domain
-from nxrt.values import MapType, complete_types, hide_map_types, restore_map_types
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from nxrt.contained import Emit
+    from nxrt.pipeline.contained import Emit
 
 logger = logging.getLogger("nxrt")
 
@@ -73,17 +73,17 @@ def check_opsets(proto: onnx.ModelProto) -> None:
 def check_proto(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Run the ONNX checker, then shape inference (which may not know every op); returns
     ``proto`` with the inferred types and shapes in its ``value_info``. Outputs that
-    inference leaves untyped get their schema's type (:func:`nxrt.values.complete_types`).
+    inference leaves untyped get their schema's type (:func:`nxrt.pipeline.values.complete_types`).
 
     Both run on a copy without the weights' bytes (:func:`_types_only`): each
     passes the whole model through C++ as serialized bytes, and shape
     inference returns yet another full copy (measured on a 650 MB decoder: a
     3.2 GB peak in this function, 1.4 GB without the weights). Both run in a
-    child process (:mod:`nxrt.contained`), because some models crash them: a
+    child process (:mod:`nxrt.pipeline.contained`), because some models crash them: a
     crash of the checker refuses the model with :class:`InvalidModel`, one of
     shape inference leaves the types to the schemas (:func:`_contained_types`).
     """
-    from nxrt.external_data import external_data_hidden_from_checker
+    from nxrt.pipeline.external_data import external_data_hidden_from_checker
 
     light = _types_only(proto)
     _initializers_listed_as_inputs(light)

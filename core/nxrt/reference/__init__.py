@@ -1,1 +1,0 @@
-"""Plain numpy reference implementations of nxrt's own operators (for tests and tools)."""
