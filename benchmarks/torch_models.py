@@ -81,8 +81,9 @@ def import_torchvision() -> Any:
     The PyPI wheel of torchvision is built against torch's CUDA build, so next to the
     CPU build its C++ extension does not load, and ``import torchvision`` then fails
     when it registers Python code for ``torchvision::nms``, an operator the extension
-    would have declared. The classification models use no torchvision operator, so
-    declaring the two the import looks for (without kernels) is all they need.
+    would have declared. So the two the import looks for are declared here, and ``nms``
+    (all detection post-processing calls, and what the exporter writes as
+    NonMaxSuppression) gets a CPU kernel in Python, :func:`_nms_cpu`.
     """
     global _torchvision_schemas
     import importlib.util
@@ -99,10 +100,41 @@ def import_torchvision() -> Any:
             schemas = torch.library.Library("torchvision", "DEF")
             for op in ("nms", "qnms"):
                 schemas.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+            schemas.impl("nms", _nms_cpu, "CPU")
             _torchvision_schemas = schemas
     import torchvision
+    import torchvision.extension
 
+    if _torchvision_schemas is not None:  # torchvision.ops.nms asks first whether _C loaded
+        torchvision.extension._has_ops = _has_nms
     return torchvision
+
+
+def _has_nms() -> bool:
+    """Stands in for ``torchvision.extension._has_ops``: ``nms`` has a kernel now."""
+    return True
+
+
+def _nms_cpu(boxes: Any, scores: Any, iou_threshold: float) -> Any:
+    """torchvision's CPU ``nms`` in torch: boxes by descending score (the first of equal
+    scores first, a stable sort), each kept box dropping the later ones whose IoU with it
+    exceeds ``iou_threshold``; the kept indices, best first."""
+    import torch
+
+    x1, y1, x2, y2 = boxes.detach().unbind(1)
+    areas = (x2 - x1) * (y2 - y1)
+    order = torch.sort(scores.detach(), descending=True, stable=True).indices
+    removed = torch.zeros(boxes.shape[0], dtype=torch.bool)
+    keep = []
+    for i in order.tolist():
+        if removed[i]:
+            continue
+        keep.append(i)
+        w = (torch.minimum(x2[i], x2) - torch.maximum(x1[i], x1)).clamp(min=0)
+        h = (torch.minimum(y2[i], y2) - torch.maximum(y1[i], y1)).clamp(min=0)
+        inter = w * h
+        removed |= inter / (areas[i] + areas - inter) > iou_threshold
+    return torch.tensor(keep, dtype=torch.int64)
 
 
 def _export(module: Any, args: tuple, path: str, inputs: list[str], outputs: list[str]) -> None:
