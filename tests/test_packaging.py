@@ -53,7 +53,7 @@ def test_the_example_ep_installs_is_partitioned_to_and_passes_its_own_tests(pyth
     partition = [str(python), "-m", "nxrt.tools.cli", "partition", light_model_path("squeezenet")]
     default = json.loads(run([*partition, "--json"]).stdout)
     measured = [c["providers"] for c in default["selection"]["candidates"]]
-    assert measured == [["example", "cpu"], ["cpu"]]  # installed, so a default candidate
+    assert measured == [["cpu"], ["example", "cpu"]]  # installed, so a default candidate
     report = json.loads(run([*partition, "--ep", "example", "--json"]).stdout)
     assert report["nodes_per_ep"]["example"] == 26  # every Relu
     assert report["nodes_per_ep"]["cpu"] > 0

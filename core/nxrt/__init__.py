@@ -86,9 +86,11 @@ _LAZY = {
     "ExecutionProviderCapabilities": "nxrt.weight",
     "get_plugin_manager": "nxrt.host",
     "run_batched": "nxrt.tools.batch",
+    "cache_folder": "nxrt._files",
 }
 
 if TYPE_CHECKING:
+    from nxrt._files import cache_folder
     from nxrt.compiling import CompilingProvider, ExportedKernel
     from nxrt.host import NxrtPluginManager, get_plugin_manager
     from nxrt.kernel import Cost, Kernel, KernelMatch, SubgraphClaim
@@ -247,6 +249,7 @@ __all__ = [
     "hookimpl",
     "package_name",
     "run_batched",
+    "cache_folder",
     "set_default_logger_callback",
     "set_default_logger_severity",
     "set_default_logger_verbosity",

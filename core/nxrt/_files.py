@@ -1,4 +1,5 @@
-"""Writing files the safe way: never a half-written file, never the user's input."""
+"""Writing files the safe way (never a half-written file, never the user's input), and
+where nxrt and its EPs keep their caches."""
 
 from __future__ import annotations
 
@@ -27,3 +28,14 @@ def write_atomically(path: str, data: bytes | bytearray) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def cache_folder(name: str) -> str:
+    """The folder of one of nxrt's caches: ``$NXRT_CACHE_DIR/name``, else
+    ``platformdirs.user_cache_dir("nxrt")/name`` (``nxrt.cache_folder``, for EPs too)."""
+    root = os.environ.get("NXRT_CACHE_DIR")
+    if not root:
+        import platformdirs
+
+        root = platformdirs.user_cache_dir("nxrt")
+    return os.path.join(root, name)

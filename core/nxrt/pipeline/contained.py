@@ -121,6 +121,10 @@ class TimedOut(ChildDied):
     """A child did not finish in time (a forked one may wait on a lock it inherited)."""
 
 
+class NoHelper(ChildDied):
+    """No child ran the task: the helper cannot start here (``run(..., fork=False)``)."""
+
+
 def mode() -> str:
     """How :func:`run` contains a task here: ``fork``, ``helper`` or ``inline``."""
     chosen = os.environ.get(MODE_ENV, "").strip().lower()
@@ -137,21 +141,27 @@ def timeout() -> float:
         return TIMEOUT_S
 
 
-def run(task: Callable[..., None], *args: Any, in_helper: bool = True) -> list[bytes]:
+def run(
+    task: Callable[..., None], *args: Any, in_helper: bool = True, fork: bool = True
+) -> list[bytes]:
     """``task(*args, emit)`` in a child process; the records it emitted, in order.
 
     ``in_helper=False`` where the task needs something of this process the helper
     lacks (say, onnx schemas a plugin registered here): then a direct fork runs it,
-    unless there is no fork. Raises :class:`ChildDied` when the child crashes, raises
-    or times out.
+    unless there is no fork. ``fork=False`` where this process must not be forked (a
+    library here runs thread pools a fork would leave half there, as OpenVINO's do):
+    then only the helper runs it, waited for. Raises :class:`ChildDied` when the child
+    crashes, raises or times out.
     """
     how, limit = mode(), timeout()
     if how == "inline":
         return _run_inline(task, args)
     helper = _helper()
     data = None
-    if in_helper or how == "helper":
-        data = helper.request(task, args, limit, wait=how == "helper")
+    if in_helper or how == "helper" or not fork:
+        data = helper.request(task, args, limit, wait=how == "helper" or not fork)
+        if data is None and not fork:
+            raise NoHelper("the nxrt helper process could not run it", [])
     if data is None and how == "fork":
         try:
             data = _forked_frames(task, args, limit)

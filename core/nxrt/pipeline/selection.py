@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
-from nxrt._files import write_atomically
+from nxrt._files import cache_folder, write_atomically
 from nxrt.errors import InvalidArgument, NxrtError
 from nxrt.pipeline.model import numpy_dtype
 
@@ -700,12 +700,7 @@ def decide(
 
 # -- the cache -------------------------------------------------------------------------------------
 def cache_dir() -> str:
-    root = os.environ.get("NXRT_CACHE_DIR")
-    if not root:
-        import platformdirs
-
-        root = platformdirs.user_cache_dir("nxrt")
-    return os.path.join(root, "selection")
+    return cache_folder("selection")
 
 
 #: CPU flags that change which kernels run (and how fast): instruction-set levels.

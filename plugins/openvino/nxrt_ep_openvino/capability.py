@@ -38,6 +38,8 @@ from nxrt.registry import normalize_domain
 if TYPE_CHECKING:
     import onnx
 
+    from nxrt_ep_openvino.guard import CrashGuard
+
 PRODUCER = "nxrt-ep-openvino"
 #: Constant inputs up to this size are part of a node's signature by value (a Reshape's
 #: shape, a Slice's starts); larger ones (weights) by dtype and shape only.
@@ -260,10 +262,19 @@ class OpenVinoCapability:
     _answers: dict[tuple[str, str], OrderedDict[Hashable, str]] = {}
     _lock = threading.Lock()
 
-    def __init__(self, core: Any, device: str, version: str, compile: CompileFunction) -> None:
+    def __init__(
+        self,
+        core: Any,
+        device: str,
+        version: str,
+        compile: CompileFunction,
+        guard: CrashGuard | None = None,
+    ) -> None:
         self.core = core
         self.device = device
         self.compile = compile
+        #: Compiles each claim in a process of its own before it is compiled here.
+        self.guard = guard
         with self._lock:
             self.answers = self._answers.setdefault((version, device), OrderedDict())
         #: Claims compiled while claiming, until the EP's ``compile`` takes them.
@@ -382,6 +393,9 @@ class OpenVinoCapability:
             )
             return {id(nodes[index]): f"converts alone but not within its claim: {reason}"}
         assert converted is not None
+        crash = self._crash(claim, graph, opsets)
+        if crash:
+            return {id(n): crash for n in nodes}
         try:
             compiled = self.compile(converted.model)
         except Exception as exc:  # noqa: BLE001 - OpenVINO's reason is the answer
@@ -390,6 +404,19 @@ class OpenVinoCapability:
             compiled, converted.weights, converted.feeds, list(claim.inputs), list(claim.outputs)
         )
         return {}
+
+    def _crash(self, claim: SubgraphClaim, graph: ir.Graph, opsets: Mapping[str, int]) -> str:
+        """How OpenVINO crashes compiling ``claim`` in a process of its own ('' when it
+        does not, or where there is no guard)."""
+        if self.guard is None or not self.guard.enabled:
+            return ""
+        model, _ = standalone_model(claim, graph, producer_name=PRODUCER)  # weights inline
+        _with_opsets(model, opsets)
+        try:
+            data = model.SerializeToString()
+        except ValueError:  # past protobuf's 2 GB: not checked (it cannot be written whole)
+            return ""
+        return self.guard.crash(data)
 
     def _compile_refusals(
         self,

@@ -207,6 +207,7 @@ class OpenVinoExecutionProvider(CompilingProvider):
                 "openvino", f"OpenVINO is not importable ({exc}); `pip install openvino`"
             ) from exc
         from nxrt_ep_openvino.capability import OpenVinoCapability
+        from nxrt_ep_openvino.guard import CrashGuard
 
         core = shared_core()
         self.version = ov.get_version()
@@ -242,6 +243,7 @@ class OpenVinoExecutionProvider(CompilingProvider):
             self.device,
             self.version,
             lambda model: core.compile_model(model, self.device, self.compile_config),
+            CrashGuard(self.version, self.device, config),
         )
         super().initialize()
 
