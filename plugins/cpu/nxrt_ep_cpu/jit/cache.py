@@ -14,18 +14,22 @@ Several processes may compile into one cache at once: every file is written to
 a temporary name and renamed into place (numba's own writer), and a data file
 is named after its entry's key, written before the index names it, so two
 processes saving different signatures of one function never write the same
-data file, and an index entry never points at a file not yet complete. Two
-processes adding entries to one index at once may lose one of them (the last
-rename wins): the loser's signature is compiled again by a later process,
-never loaded wrong.
+data file, and an index entry never points at a file not yet complete. Adding
+an entry to an index (read, add, write) holds an advisory lock on a file beside
+it, for the milliseconds that takes and never during a compile, so two processes
+adding entries at once keep both; the lock goes with its process, however that
+ends. Where there is no ``fcntl`` (Windows) the update is merged again until it
+holds, and two writers at once may lose one entry, compiled again later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +102,34 @@ class _KernelCacheFile(IndexDataCacheFile):
             ".0.nbc", f".{hashlib.sha256(repr(key).encode()).hexdigest()[:20]}.nbc"
         )
         self._save_data(name, data)
-        for _ in range(3):  # another process may replace the index meanwhile: merge again
-            overloads = self._load_index()
-            if overloads.get(key) == name:
-                return
-            overloads[key] = name
-            self._save_index(overloads)
+        with _locked(self._index_path + ".lock"):
+            for _ in range(3):  # without a lock, another process may replace it meanwhile
+                overloads = self._load_index()
+                if overloads.get(key) == name:
+                    return
+                overloads[key] = name
+                self._save_index(overloads)
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (made if need be) while the block runs; no
+    lock where ``fcntl`` is missing or the file cannot be opened."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 class KernelCache(FunctionCache):
