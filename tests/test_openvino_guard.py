@@ -139,15 +139,16 @@ def test_a_crash_in_the_helper_is_a_cached_refusal(tmp_path, monkeypatch):
 
     monkeypatch.setattr(contained, "run", killed)
     model = onnx.load(light_model_path("squeezenet")).SerializeToString()
-    reason = keeper.crash(model)
+    reason = keeper.crash([model], lambda: model)
     assert "crashes compiling it (was killed by SIGSEGV" in reason
     monkeypatch.setattr(guard.CrashGuard, "_verdicts", {})
     monkeypatch.setattr(contained, "run", lambda *a, **k: pytest.fail("asked again"))
-    assert keeper.crash(model) == reason  # from the disk
+    assert keeper.crash([model], lambda: model) == reason  # from the disk
 
     def no_helper(task, *args, **kwargs):
         raise contained.NoHelper("the nxrt helper process could not run it", [])
 
     monkeypatch.setattr(contained, "run", no_helper)
-    assert keeper.crash(model + b"\0") == ""
+    assert keeper.crash([model, b"\0"], lambda: model) == ""
+    assert keeper.crash([model, b"\1"], lambda: None) == ""  # cannot be written whole
     assert len(os.listdir(tmp_path / "openvino" / "verdicts")) == 1  # nothing kept for it

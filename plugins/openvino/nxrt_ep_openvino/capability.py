@@ -407,16 +407,27 @@ class OpenVinoCapability:
 
     def _crash(self, claim: SubgraphClaim, graph: ir.Graph, opsets: Mapping[str, int]) -> str:
         """How OpenVINO crashes compiling ``claim`` in a process of its own ('' when it
-        does not, or where there is no guard)."""
+        does not, or where there is no guard). The verdict is looked up by the claim's
+        bytes with its large weights hashed in place; only a claim never seen is
+        written whole (weights inline) for the helper."""
         if self.guard is None or not self.guard.enabled:
             return ""
-        model, _ = standalone_model(claim, graph, producer_name=PRODUCER)  # weights inline
+        model, external = standalone_model(
+            claim, graph, external_threshold=INLINE_WEIGHT_BYTES, producer_name=PRODUCER
+        )
         _with_opsets(model, opsets)
-        try:
-            data = model.SerializeToString()
-        except ValueError:  # past protobuf's 2 GB: not checked (it cannot be written whole)
-            return ""
-        return self.guard.crash(data)
+        parts = [model.SerializeToString()]
+        parts += [np.ascontiguousarray(external[name]).data for name in sorted(external)]
+
+        def whole() -> bytes | None:
+            full, _ = standalone_model(claim, graph, producer_name=PRODUCER)
+            _with_opsets(full, opsets)
+            try:
+                return full.SerializeToString()
+            except ValueError:  # past protobuf's 2 GB: it cannot be written whole
+                return None
+
+        return self.guard.crash(parts, whole)
 
     def _compile_refusals(
         self,

@@ -23,7 +23,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import nxrt
@@ -79,18 +79,21 @@ class CrashGuard:
         self.config = plain_config(config)
         self.enabled = os.environ.get(CONTAIN_ENV, "1") not in ("0", "")
 
-    def crash(self, model_bytes: bytes) -> str:
-        """Why compiling ``model_bytes`` (an ONNX model) must not happen in this process:
-        how OpenVINO crashed on it in the helper ('' when it did not)."""
+    def crash(self, parts: Sequence[Any], whole: Callable[[], bytes | None]) -> str:
+        """Why compiling a model must not happen in this process: how OpenVINO crashed on
+        it in the helper ('' when it did not). ``parts`` (bytes-like: the model's bytes
+        and its large weights) identify it; ``whole()`` writes it as one ONNX model,
+        called only when no verdict is known (``None``: it cannot be written whole)."""
         if not self.enabled:
             return ""
-        key = self._key(model_bytes)
+        key = self._key(parts)
         with self._lock:
             known = self._verdicts.get(key)
         if known is None:
             known = self._read(key)
         if known is None:
-            known = self._ask(model_bytes)
+            model_bytes = whole()
+            known = None if model_bytes is None else self._ask(model_bytes)
             if known is None:
                 return ""
             self._write(key, known)
@@ -98,8 +101,10 @@ class CrashGuard:
             self._verdicts[key] = known
         return known
 
-    def _key(self, model_bytes: bytes) -> str:
-        digest = hashlib.sha256(model_bytes)
+    def _key(self, parts: Sequence[Any]) -> str:
+        digest = hashlib.sha256()
+        for part in parts:
+            digest.update(part)
         settings = sorted(self.config.items())
         digest.update(repr((self.version, self.device, settings, hardware())).encode())
         return digest.hexdigest()[:40]
