@@ -225,6 +225,8 @@ class Converted:
     model: Any  # openvino.Model
     weights: dict[str, np.ndarray]
     feeds: list[str]  # the values its parameters stand for, in order
+    #: The ONNX bytes the frontend read (the weights in ``weights`` left out of them).
+    source: bytes = b""
 
 
 @dataclass
@@ -393,7 +395,7 @@ class OpenVinoCapability:
             )
             return {id(nodes[index]): f"converts alone but not within its claim: {reason}"}
         assert converted is not None
-        crash = self._crash(claim, graph, opsets)
+        crash = self._crash(claim, graph, opsets, converted)
         if crash:
             return {id(n): crash for n in nodes}
         try:
@@ -405,19 +407,22 @@ class OpenVinoCapability:
         )
         return {}
 
-    def _crash(self, claim: SubgraphClaim, graph: ir.Graph, opsets: Mapping[str, int]) -> str:
+    def _crash(
+        self,
+        claim: SubgraphClaim,
+        graph: ir.Graph,
+        opsets: Mapping[str, int],
+        converted: Converted,
+    ) -> str:
         """How OpenVINO crashes compiling ``claim`` in a process of its own ('' when it
-        does not, or where there is no guard). The verdict is looked up by the claim's
-        bytes with its large weights hashed in place; only a claim never seen is
-        written whole (weights inline) for the helper."""
+        does not, or where there is no guard). The verdict is looked up by the bytes the
+        frontend read with the large weights hashed in place; only a claim never seen
+        is written whole (weights inline) for the helper."""
         if self.guard is None or not self.guard.enabled:
             return ""
-        model, external = standalone_model(
-            claim, graph, external_threshold=INLINE_WEIGHT_BYTES, producer_name=PRODUCER
-        )
-        _with_opsets(model, opsets)
-        parts = [model.SerializeToString()]
-        parts += [np.ascontiguousarray(external[name]).data for name in sorted(external)]
+        weights = converted.weights
+        parts: list[bytes | memoryview] = [converted.source]
+        parts += [np.ascontiguousarray(weights[name]).data for name in sorted(weights)]
 
         def whole() -> bytes | None:
             full, _ = standalone_model(claim, graph, producer_name=PRODUCER)
@@ -598,10 +603,11 @@ def to_openvino(
     _with_opsets(model, opsets)
     feeds = [value.name for value in model.graph.input]
     _weights_as_inputs(model, external)
-    converted = core.read_model(model.SerializeToString())
+    source = model.SerializeToString()
+    converted = core.read_model(source)
     if bind_weights and external:
         _bind_weights(converted, external)
-    return Converted(converted, external, feeds)
+    return Converted(converted, external, feeds, source)
 
 
 def _weights_as_inputs(model: onnx.ModelProto, external: Mapping[str, np.ndarray]) -> None:
