@@ -16,11 +16,10 @@ import onnx
 from onnx import TensorProto, helper
 
 import nxrt
-from nxrt.kernel import KernelMatch
 from nxrt.moe.reference import block_quantized_moe
 from nxrt.pipeline.weight_binding import resident_array
 from nxrt.provider import ExecutionProvider
-from nxrt.registry import OpRegistry
+from nxrt.registry import KernelMatch, OpRegistry
 from nxrt.weight import ExecutionProviderCapabilities, LazyWeight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

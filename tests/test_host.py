@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 
 import nxrt
 from nxrt import hookspecs
+from nxrt.ep_registry import EpDescriptor
 from nxrt.epcontext import EpContext, build_ep_context_registry
 from nxrt.errors import (
     DuplicateContextSource,
@@ -20,7 +21,6 @@ from nxrt.errors import (
 from nxrt.host import Host, get_plugin_manager
 from nxrt.kernel import SubgraphClaim
 from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt.registry import EpDescriptor
 from nxrt.tools.testing import register_plugin
 from nxrt.weight import ExecutionProviderCapabilities
 from toy_plugin import TOY_OPS, ToyPlugin

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 import nxrt
 from nxrt.host import Host
-from nxrt.kernel import KernelMatch
+from nxrt.registry import KernelMatch
 from nxrt.tools.testing import register_plugin
 from toy_plugin import ToyPlugin
 

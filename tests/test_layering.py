@@ -32,9 +32,16 @@ MAY_IMPORT = {
 #: Type-level edges allowed beyond MAY_IMPORT: the EP API names the expert residency
 #: manager the session hands MoE kernels.
 MAY_NAME = {"root": {"moe"}}
-#: The one type-level circle left: the EP-author vocabulary, whose types name each other
-#: (an EP's op table builds kernels from the EP; an EP saves contexts that name EPs).
-VOCABULARY = {"nxrt.epcontext", "nxrt.kernel", "nxrt.provider", "nxrt.registry", "nxrt.subgraph"}
+#: The EP-author vocabulary from the bottom up: each module may name only those before it,
+#: at module or at type level (an EP holds a kernel table; a descriptor builds an EP).
+VOCABULARY = [
+    "nxrt.kernel",
+    "nxrt.subgraph",
+    "nxrt.registry",
+    "nxrt.epcontext",
+    "nxrt.provider",
+    "nxrt.ep_registry",
+]
 
 
 def modules() -> dict[str, Path]:
@@ -165,12 +172,20 @@ def test_no_module_level_import_cycle():
     assert cycles(edges()["module"]) == []
 
 
-def test_no_type_level_cycle_but_the_ep_vocabulary():
+def test_no_type_level_cycle():
     found = edges()
     graph = {m: found["module"][m] | found["type"][m] for m in found["module"]}
-    assert [c for c in cycles(graph) if c != VOCABULARY] == []
-    vocabulary = [c for c in cycles(graph) if c == VOCABULARY]
-    assert len(vocabulary) <= 1  # it may shrink; it never grows
+    assert cycles(graph) == []
+
+
+def test_the_ep_vocabulary_names_only_what_lies_below_it():
+    found = edges()
+    wrong = []
+    for height, module in enumerate(VOCABULARY):
+        named = found["module"][module] | found["type"][module]
+        above = named & set(VOCABULARY[height:])
+        wrong += [f"{module} names {other}" for other in sorted(above)]
+    assert wrong == []
 
 
 def test_the_layering_check_sees_a_forbidden_import(tmp_path, monkeypatch):
@@ -194,3 +209,21 @@ def test_an_old_module_path_still_imports_with_a_deprecation_warning(old):
     assert module is importlib.import_module(new)
     assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
     sys.modules.pop(old, None)
+
+
+@pytest.mark.parametrize("old", sorted(_moved.MOVED_NAMES), ids="{0[0]}.{0[1]}".format)
+def test_a_name_that_moved_still_imports_from_its_old_module_with_a_warning(old):
+    module, name = old
+    new = _moved.MOVED_NAMES[old]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = getattr(importlib.import_module(module), name)
+    assert found is getattr(importlib.import_module(new), name)
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
+
+
+def test_a_name_that_never_existed_is_still_an_attribute_error():
+    with pytest.raises(AttributeError, match="Nonexistent"):
+        importlib.import_module("nxrt.registry").Nonexistent  # noqa: B018
+    with pytest.raises(ImportError):
+        exec("from nxrt.kernel import Nonexistent", {})

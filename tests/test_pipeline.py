@@ -10,11 +10,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import nxrt
 from nxrt.errors import EpPanicked, InvalidArgument, InvalidPlacement
-from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
+from nxrt.kernel import Kernel, SubgraphClaim
 from nxrt.pipeline import stages as pipeline
 from nxrt.pipeline.partition import PartitionReport, Placement, schedule
 from nxrt.provider import ExecutionProvider
-from nxrt.registry import OpRegistry
+from nxrt.registry import KernelMatch, OpRegistry
 from nxrt.tools.testing import register_plugin
 
 NUMPY_OPS = {

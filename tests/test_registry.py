@@ -8,7 +8,8 @@ import onnx
 import pytest
 from onnx import helper
 
-from nxrt.registry import EpRegistry, KernelEntry, OpKey, OpRegistry
+from nxrt.ep_registry import EpRegistry
+from nxrt.registry import KernelEntry, OpKey, OpRegistry
 from nxrt_ep_cpu.ops import CPU_OPS
 
 
@@ -68,7 +69,7 @@ def onnx_ir_node(op_type, opset=17):
 
 
 def test_ep_registry_resolves_aliases_and_orders_cpu_last():
-    from nxrt.registry import EpDescriptor
+    from nxrt.ep_registry import EpDescriptor
 
     registry = EpRegistry()
     for ep_id, aliases in [("cpu", ("CPUExecutionProvider",)), ("mlx", ()), ("aa", ())]:
@@ -113,7 +114,7 @@ def test_cpu_kernel_versions_and_defaults_match_onnx_defs(key):
 
 
 def test_default_order_follows_declared_priority_with_cpu_last():
-    from nxrt.registry import EpDescriptor
+    from nxrt.ep_registry import EpDescriptor
 
     registry = EpRegistry()
     for ep_id, priority in [("cpu", 100), ("bridge", 10), ("accel", 20), ("zeta", 0)]:

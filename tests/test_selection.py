@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 import nxrt
 from nxrt.errors import InvalidArgument
-from nxrt.kernel import Kernel, KernelMatch
+from nxrt.kernel import Kernel
 from nxrt.pipeline.selection import (
     NOT_MEASURED,
     EpInfo,
@@ -24,7 +24,7 @@ from nxrt.pipeline.selection import (
     measure,
 )
 from nxrt.provider import ExecutionProvider
-from nxrt.registry import OpRegistry
+from nxrt.registry import KernelMatch, OpRegistry
 from nxrt.tools.testing import register_plugin
 from nxrt.weight import ExecutionProviderCapabilities
 

@@ -77,12 +77,12 @@ _LAZY = {
     "CompilingProvider": "nxrt.compiling",
     "ExportedKernel": "nxrt.compiling",
     "Kernel": "nxrt.kernel",
-    "KernelMatch": "nxrt.kernel",
+    "KernelMatch": "nxrt.registry",
     "Cost": "nxrt.kernel",
     "SubgraphClaim": "nxrt.kernel",
     "OpKey": "nxrt.registry",
     "OpRegistry": "nxrt.registry",
-    "EpRegistry": "nxrt.registry",
+    "EpRegistry": "nxrt.ep_registry",
     "ExecutionProviderCapabilities": "nxrt.weight",
     "get_plugin_manager": "nxrt.host",
     "run_batched": "nxrt.tools.batch",
@@ -92,8 +92,9 @@ _LAZY = {
 if TYPE_CHECKING:
     from nxrt._files import cache_folder
     from nxrt.compiling import CompilingProvider, ExportedKernel
+    from nxrt.ep_registry import EpRegistry
     from nxrt.host import NxrtPluginManager, get_plugin_manager
-    from nxrt.kernel import Cost, Kernel, KernelMatch, SubgraphClaim
+    from nxrt.kernel import Cost, Kernel, SubgraphClaim
     from nxrt.ort.devices import (
         OrtArenaCfg,
         OrtDevice,
@@ -147,7 +148,7 @@ if TYPE_CHECKING:
     )
     from nxrt.ort.sparse import OrtSparseFormat, SparseTensor
     from nxrt.provider import EpConfig, ExecutionProvider
-    from nxrt.registry import EpRegistry, OpKey, OpRegistry
+    from nxrt.registry import KernelMatch, OpKey, OpRegistry
     from nxrt.tools.batch import run_batched
     from nxrt.weight import ExecutionProviderCapabilities
 

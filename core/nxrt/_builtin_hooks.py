@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.epcontext import EpContext
-    from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
+    from nxrt.kernel import Kernel, SubgraphClaim
     from nxrt.provider import ExecutionProvider
+    from nxrt.registry import KernelMatch
 
 
 @hookimpl(trylast=True)

@@ -17,6 +17,30 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
+#: Names that moved from one module of the EP-author API to another: (old module, name)
+#: -> new module. The old module's ``__getattr__`` answers them through ``moved_attribute``.
+MOVED_NAMES = {
+    ("nxrt.kernel", "KernelMatch"): "nxrt.registry",
+    **{
+        ("nxrt.registry", name): "nxrt.ep_registry"
+        for name in ("EpDescriptor", "EpRegistry", "Registrar", "KernelTable")
+    },
+}
+
+
+def moved_attribute(module: str, name: str) -> object:
+    """``module.name`` from where it lives now, with a warning naming the new path."""
+    new = MOVED_NAMES.get((module, name))
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} is now {new}.{name}; the old path is removed in nxrt 0.2",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return getattr(importlib.import_module(new), name)
+
+
 #: Old path -> new path.
 MOVED = {
     "nxrt.builtin_hooks": "nxrt._builtin_hooks",

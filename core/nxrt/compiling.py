@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 from nxrt.claims import maximal_claims
 from nxrt.epcontext import EpContext
 from nxrt.errors import UnsupportedContext
-from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
+from nxrt.kernel import Kernel, SubgraphClaim
 from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt.registry import normalize_domain
+from nxrt.registry import KernelMatch, normalize_domain
 
 if TYPE_CHECKING:
     import onnx_ir as ir

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from nxrt.errors import DuplicateContextSource, InvalidModel, NoEpForContext, UnsupportedContext
-from nxrt.registry import EpDescriptor
 
 if TYPE_CHECKING:
     import onnx_ir as ir
@@ -66,7 +65,19 @@ class EpContextRegistry:
             raise UnsupportedContext(ep_id)
 
 
-def build_ep_context_registry(descriptors: Iterable[EpDescriptor]) -> EpContextRegistry:
+class DeclaresContextSources(Protocol):
+    """What the context registry reads of an EP's descriptor (an ``EpDescriptor``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def context_sources(self) -> tuple[str, ...]: ...
+
+
+def build_ep_context_registry(
+    descriptors: Iterable[DeclaresContextSources],
+) -> EpContextRegistry:
     """Collect every EP's declared source keys; two EPs with one key is an error."""
     registry = EpContextRegistry()
     for descriptor in descriptors:

@@ -60,10 +60,11 @@ import pluggy
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from nxrt.ep_registry import Registrar
     from nxrt.epcontext import EpContext
-    from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
+    from nxrt.kernel import Kernel, SubgraphClaim
     from nxrt.provider import ExecutionProvider
-    from nxrt.registry import Registrar
+    from nxrt.registry import KernelMatch
     from nxrt.weight import ExecutionProviderCapabilities
 
 hookspec = pluggy.HookspecMarker("nxrt")
@@ -198,7 +199,7 @@ def nxrt_match_kernel(ep: ExecutionProvider, node: ir.Node, opset: int) -> Kerne
         values where shape inference found them.
     :param opset: The model's opset version for the node's domain.
 
-    :returns: A :class:`~nxrt.kernel.KernelMatch`: supported with a
+    :returns: A :class:`~nxrt.registry.KernelMatch`: supported with a
         :class:`~nxrt.kernel.Cost`, or unsupported with a reason that
         ``session.get_partition()`` shows to the user. ``None`` means "not
         my EP"; when the owning plugin answers ``None``, the host answers

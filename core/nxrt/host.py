@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from nxrt import hookspecs
+from nxrt.ep_registry import EpRegistry, Registrar
 from nxrt.errors import EpLoadFailed, EpPanicked, NxrtError
-from nxrt.kernel import Kernel, KernelMatch, SubgraphClaim
-from nxrt.registry import EpRegistry, Registrar
+from nxrt.kernel import Kernel, SubgraphClaim
+from nxrt.registry import KernelMatch
 from nxrt.weight import ExecutionProviderCapabilities
 
 if TYPE_CHECKING:

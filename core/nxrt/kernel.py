@@ -1,4 +1,4 @@
-"""Kernels, the answers of kernel matching, and subgraph claims.
+"""Kernels, their costs, and subgraph claims.
 
 A :class:`Kernel` is what the executor calls once per node (or once per
 claimed subgraph) on every ``run``; everything it needs is decided when the
@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nxrt._moved import moved_attribute
+
 if TYPE_CHECKING:
     import onnx_ir as ir
-
-    from nxrt.registry import KernelEntry, OpKey
 
 #: Trace argument names, as the seed's kernel module exports them.
 ARG_FLOPS = "flops"
@@ -34,34 +34,6 @@ class Cost:
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.flops + other.flops, self.bytes + other.bytes)
-
-
-@dataclass(frozen=True)
-class KernelMatch:
-    """An EP's answer to "can you run this node?": a cost, or a reason it cannot.
-
-    A supported match carries the registry ``entry`` it matched, so the
-    planner builds the kernel from it without looking the op up again; the
-    host fills it from the EP's kernel table when a plugin answers without one.
-    """
-
-    supported: bool
-    cost: Cost | None = None
-    reason: str = ""
-    key: OpKey | None = None
-    entry: KernelEntry | None = None
-
-    @classmethod
-    def yes(
-        cls, cost: Cost, key: OpKey | None = None, entry: KernelEntry | None = None
-    ) -> KernelMatch:
-        if key is None and entry is not None:
-            key = entry.key
-        return cls(True, cost=cost, key=key, entry=entry)
-
-    @classmethod
-    def no(cls, reason: str) -> KernelMatch:
-        return cls(False, reason=reason)
 
 
 class Kernel:
@@ -182,3 +154,7 @@ def attribute_values(
             value = list(value)
         values[name] = value
     return values
+
+
+def __getattr__(name: str) -> Any:
+    return moved_attribute(__name__, name)

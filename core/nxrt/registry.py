@@ -1,4 +1,4 @@
-"""Op and EP registries: which kernel runs an op at an opset, and which EPs exist.
+"""The op registry: which kernel runs an op at an opset, and the answers of matching.
 
 An EP's kernels live in an :class:`OpRegistry`. Each kernel is one function
 plus one registration line, written as a decorator at its definition::
@@ -12,6 +12,8 @@ plus one registration line, written as a decorator at its definition::
 The registry computes each key's ``end_version`` from the next registration
 of the same op and refuses overlaps, so dispatch takes the highest ``since``
 not above the model's opset.
+
+Which EPs exist is :mod:`nxrt.ep_registry`'s, a layer above the EP class.
 """
 
 from __future__ import annotations
@@ -19,18 +21,23 @@ from __future__ import annotations
 import bisect
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, cast
 
-from nxrt.kernel import Cost, KernelMatch
+from typing_extensions import TypeVar
+
+from nxrt._moved import moved_attribute
+from nxrt.kernel import Cost
 
 if TYPE_CHECKING:
     import onnx_ir as ir
 
     from nxrt.kernel import Kernel
-    from nxrt.provider import EpConfig, ExecutionProvider
+
+#: The EP class a table's kernel factories receive (the EP the table is attached to);
+#: a table declared as plain ``OpRegistry`` leaves it open.
+EP = TypeVar("EP", default=Any)
 
 #: Both spellings of the default ONNX domain.
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -58,7 +65,7 @@ class OpKey:
 CostFunction = Callable[["ir.Node"], Cost]
 #: Builds a node's kernel from the EP and the node, for kernels that are not one bound
 #: function (they plan per shape, or share state held by the EP).
-KernelFactory = Callable[["ExecutionProvider", "ir.Node"], "Kernel"]
+KernelFactory = Callable[[EP, "ir.Node"], "Kernel"]
 
 
 @dataclass
@@ -70,7 +77,7 @@ class KernelEntry:
     const_inputs: tuple[int, ...] = ()
     view_output: int | None = None
     cost: CostFunction | None = None
-    factory: KernelFactory | None = None
+    factory: KernelFactory[Any] | None = None
 
     @functools.cached_property
     def takes_output_count(self) -> bool:
@@ -81,11 +88,39 @@ class KernelEntry:
             return False
 
 
+@dataclass(frozen=True)
+class KernelMatch:
+    """An EP's answer to "can you run this node?": a cost, or a reason it cannot.
+
+    A supported match carries the registry ``entry`` it matched, so the
+    planner builds the kernel from it without looking the op up again; the
+    host fills it from the EP's kernel table when a plugin answers without one.
+    """
+
+    supported: bool
+    cost: Cost | None = None
+    reason: str = ""
+    key: OpKey | None = None
+    entry: KernelEntry | None = None
+
+    @classmethod
+    def yes(
+        cls, cost: Cost, key: OpKey | None = None, entry: KernelEntry | None = None
+    ) -> KernelMatch:
+        if key is None and entry is not None:
+            key = entry.key
+        return cls(True, cost=cost, key=key, entry=entry)
+
+    @classmethod
+    def no(cls, reason: str) -> KernelMatch:
+        return cls(False, reason=reason)
+
+
 #: The keyword through which a kernel may learn how many outputs its node has.
 OUTPUT_COUNT = "_n_outputs"
 
 
-class OpRegistry:
+class OpRegistry(Generic[EP]):
     """The kernels of one EP, keyed by :class:`OpKey`.
 
     An EP whose entries carry more than :class:`KernelEntry` does (mlx: element
@@ -109,7 +144,7 @@ class OpRegistry:
         const_inputs: Sequence[int] = (),
         view_output: int | None = None,
         cost: CostFunction | None = None,
-        factory: KernelFactory | None = None,
+        factory: KernelFactory[EP] | None = None,
         **fields: Any,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering ``fn`` for ``op_type`` from each version in ``since``.
@@ -217,161 +252,5 @@ def estimate_cost(node: ir.Node) -> Cost:
     return Cost(flops, traffic)
 
 
-#: What ``add_kernels`` takes: the kernel table, or a function that imports and returns it
-#: when a session first needs it (so listing EPs imports no kernel module).
-KernelTable = OpRegistry | Callable[[], OpRegistry]
-
-
-@dataclass
-class EpDescriptor:
-    """What discovery knows of an EP without opening its backend library."""
-
-    id: str
-    factory: Callable[[EpConfig], ExecutionProvider]
-    plugin: str = ""
-    device_type: str = "cpu"
-    context_sources: tuple[str, ...] = ()
-    aliases: tuple[str, ...] = ()
-    #: The kernel table as registered: an :class:`OpRegistry`, or its loader (see ``ops``).
-    kernels: KernelTable | None = None
-    description: str = ""
-    priority: int = 0  # orders the default providers list only (higher first)
-
-    @property
-    def ops(self) -> OpRegistry | None:
-        """The EP's kernel table; one registered as a loader is loaded on first use.
-
-        Loading imports the plugin's kernel modules (and what they import), which
-        is why discovery and ``get_available_providers()`` never read this. A
-        loader that fails is the plugin's :class:`~nxrt.errors.EpLoadFailed`, with
-        its cause.
-        """
-        kernels = self.kernels
-        if kernels is None or isinstance(kernels, OpRegistry):
-            return kernels
-        try:
-            table = kernels()
-            if not isinstance(table, OpRegistry):
-                raise TypeError(
-                    f"the kernel loader of EP {self.id!r} returned {type(table).__name__}, "
-                    "not an OpRegistry"
-                )
-        except Exception as exc:
-            from nxrt.errors import EpLoadFailed
-
-            reason = f"loading the kernels of EP {self.id!r}: {type(exc).__name__}: {exc}"
-            raise EpLoadFailed(self.plugin or self.id, reason) from exc
-        self.kernels = table
-        return table
-
-    @ops.setter
-    def ops(self, value: OpRegistry | None) -> None:
-        self.kernels = value
-
-    @property
-    def ops_loaded(self) -> bool:
-        """Whether ``ops`` is at hand without importing anything."""
-        return self.kernels is None or isinstance(self.kernels, OpRegistry)
-
-
-@dataclass
-class EpRegistry:
-    """Every EP the loaded plugins provide; priority comes from the session, not from here."""
-
-    providers: dict[str, EpDescriptor] = field(default_factory=dict)
-
-    def add(self, descriptor: EpDescriptor) -> None:
-        if descriptor.id in self.providers:
-            existing = self.providers[descriptor.id].plugin
-            raise ValueError(f"EP id {descriptor.id!r} is already provided by plugin {existing!r}")
-        self.providers[descriptor.id] = descriptor
-
-    def resolve(self, name: str) -> EpDescriptor | None:
-        """An EP by id or by alias (ONNX Runtime's names, e.g. ``CPUExecutionProvider``)."""
-        if name in self.providers:
-            return self.providers[name]
-        for descriptor in self.providers.values():
-            if name in descriptor.aliases:
-                return descriptor
-        return None
-
-    def default_order(self) -> list[str]:
-        """Every installed EP by declared priority (then name), ``cpu`` last: the default
-        ``providers`` list. A session's own ``providers`` always overrides it."""
-        ids = sorted(self.providers, key=lambda i: (-self.providers[i].priority, i))
-        return [i for i in ids if i != "cpu"] + (["cpu"] if "cpu" in self.providers else [])
-
-
-class Registrar:
-    """What ``nxrt_register`` receives: validates each addition and knows the plugin.
-
-    Additions are staged and committed only when the plugin's hook returns,
-    so a plugin that fails half-way leaves nothing behind.
-
-    ``ep_libraries`` (read-only, ``{registration name: path}``) are the ONNX
-    Runtime plugin-EP libraries registered with
-    ``nxrt.register_execution_provider_library``: a plugin that bridges to ONNX
-    Runtime (legacy_abi) registers an EP for each.
-    """
-
-    def __init__(self, plugin: str, ep_libraries: Mapping[str, str] | None = None) -> None:
-        self.plugin = plugin
-        self.staged: list[EpDescriptor] = []
-        self.ep_libraries: Mapping[str, str] = MappingProxyType(dict(ep_libraries or {}))
-
-    def add_provider(
-        self,
-        id: str,
-        factory: Callable[[EpConfig], ExecutionProvider],
-        *,
-        device_type: str = "cpu",
-        context_sources: Sequence[str] = (),
-        aliases: Sequence[str] = (),
-        description: str = "",
-        priority: int = 0,
-    ) -> None:
-        """Declare an EP; ``factory(config)`` builds it when a session asks for it.
-
-        ``priority`` only orders the default ``providers`` list (higher first):
-        a device EP that should win by default declares more than a host one.
-        """
-        if not isinstance(id, str) or not id.isidentifier():
-            raise TypeError(f"EP id must be an identifier string, got {id!r}")
-        if not callable(factory):
-            raise TypeError(f"factory of EP {id!r} must be callable, got {factory!r}")
-        if any(d.id == id for d in self.staged):
-            raise ValueError(f"EP {id!r} registered twice by plugin {self.plugin!r}")
-        for source in context_sources:
-            if not isinstance(source, str) or not source:
-                raise TypeError(f"context source keys of EP {id!r} must be non-empty strings")
-        self.staged.append(
-            EpDescriptor(
-                id=id,
-                factory=factory,
-                plugin=self.plugin,
-                device_type=str(device_type),
-                context_sources=tuple(context_sources),
-                aliases=tuple(aliases),
-                description=description,
-                priority=int(priority),
-            )
-        )
-
-    def add_kernels(self, id: str, ops: KernelTable) -> None:
-        """Attach a kernel table to an EP this plugin registered.
-
-        ``ops`` is the :class:`OpRegistry`, or a function without arguments that
-        returns it: pass the function (e.g. one that imports the plugin's ``ops``
-        package) so that listing providers does not import the kernel modules;
-        it is called once, when a session first needs the table.
-        """
-        if not isinstance(ops, OpRegistry) and not callable(ops):
-            raise TypeError(
-                f"kernels of EP {id!r} must be an OpRegistry or a function returning one, "
-                f"got {type(ops).__name__}"
-            )
-        for descriptor in self.staged:
-            if descriptor.id == id:
-                descriptor.kernels = ops
-                return
-        raise ValueError(f"plugin {self.plugin!r} adds kernels to EP {id!r} it did not register")
+def __getattr__(name: str) -> Any:
+    return moved_attribute(__name__, name)

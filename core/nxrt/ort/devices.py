@@ -36,9 +36,9 @@ from nxrt.ort.ortvalue import OrtAllocatorType, OrtDeviceMemoryType, OrtMemoryIn
 from nxrt.registry import normalize_domain
 
 if TYPE_CHECKING:
+    from nxrt.ep_registry import EpDescriptor
     from nxrt.host import NxrtPluginManager
     from nxrt.pipeline.partition import PartitionReport
-    from nxrt.registry import EpDescriptor
 
 
 # -- OrtDevice ---------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from nxrt.errors import RuntimeFailure
 
 if TYPE_CHECKING:
+    from nxrt.ep_registry import EpDescriptor, EpRegistry
     from nxrt.host import NxrtPluginManager
-    from nxrt.registry import EpDescriptor, EpRegistry
 
 #: The ONNX Runtime Python API version whose names and semantics nxrt follows; what
 #: :func:`get_version_string` reports to code that checks onnxruntime's version.

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from nxrt.claims import claim_boundary, node_inputs
 from nxrt.errors import InvalidPlacement, NoEpForNodes
-from nxrt.kernel import KernelMatch, SubgraphClaim
+from nxrt.kernel import SubgraphClaim
 from nxrt.pipeline.model import opset_of
-from nxrt.registry import normalize_domain
+from nxrt.registry import KernelMatch, normalize_domain
 
 if TYPE_CHECKING:
     import onnx_ir as ir

@@ -105,7 +105,8 @@ if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
 
-    from nxrt.registry import EpDescriptor, EpRegistry, KernelEntry
+    from nxrt.ep_registry import EpDescriptor, EpRegistry
+    from nxrt.registry import KernelEntry
     from nxrt.weight import ExecutionProviderCapabilities, LazyWeight, WeightHandle
 
     #: What a session is created from: a model's path, its bytes, or its ``ModelProto``.

@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from nxrt.ep_registry import EpRegistry
 from nxrt.epcontext import EpContext
 from nxrt.errors import EpLoadFailed, EpPanicked, MissingExtra, NxrtError, UnsupportedContext
 from nxrt.host import Host, get_plugin_manager
-from nxrt.kernel import Cost, KernelMatch
+from nxrt.kernel import Cost
 from nxrt.pipeline.partition import check_claim
 from nxrt.provider import EpConfig, ExecutionProvider
-from nxrt.registry import EpRegistry
+from nxrt.registry import KernelMatch
 from nxrt.tools.conformance import check_case, node_cases, package_exclusions, run_cases
 from nxrt.tools.light_models import LIGHT_MODELS, dummy_feeds, light_model_path
 from nxrt.weight import ExecutionProviderCapabilities

@@ -11,9 +11,9 @@ if TYPE_CHECKING:
     import onnx_ir as ir
     from onnx_ir.passes import PassBase
 
-    from nxrt.kernel import KernelMatch
+    from nxrt.ep_registry import Registrar
     from nxrt.provider import EpConfig, ExecutionProvider
-    from nxrt.registry import OpRegistry, Registrar
+    from nxrt.registry import KernelMatch, OpRegistry
 
 EP_ID = "cpu"
 

@@ -24,8 +24,8 @@ import nxrt
 from nxrt.weight import ExecutionProviderCapabilities
 
 if TYPE_CHECKING:
+    from nxrt.ep_registry import Registrar
     from nxrt.provider import ExecutionProvider
-    from nxrt.registry import Registrar
     from nxrt_ep_legacy_abi.provider import LegacyOrtEp
 
 

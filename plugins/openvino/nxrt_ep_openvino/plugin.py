@@ -22,8 +22,8 @@ import nxrt
 from nxrt.weight import ExecutionProviderCapabilities
 
 if TYPE_CHECKING:
+    from nxrt.ep_registry import Registrar
     from nxrt.provider import ExecutionProvider
-    from nxrt.registry import Registrar
 
 
 def _ours(ep: ExecutionProvider) -> bool:

@@ -13,8 +13,8 @@ import nxrt
 from nxrt.weight import ExecutionProviderCapabilities
 
 if TYPE_CHECKING:
+    from nxrt.ep_registry import Registrar
     from nxrt.provider import EpConfig, ExecutionProvider
-    from nxrt.registry import Registrar
 
 EP_ID = "example"
 
