@@ -156,5 +156,7 @@ def attribute_values(
     return values
 
 
-def __getattr__(name: str) -> Any:
-    return moved_attribute(__name__, name)
+if not TYPE_CHECKING:  # so a type checker still reports a name that does not exist
+
+    def __getattr__(name: str) -> Any:
+        return moved_attribute(__name__, name)

@@ -252,5 +252,7 @@ def estimate_cost(node: ir.Node) -> Cost:
     return Cost(flops, traffic)
 
 
-def __getattr__(name: str) -> Any:
-    return moved_attribute(__name__, name)
+if not TYPE_CHECKING:  # so a type checker still reports a name that does not exist
+
+    def __getattr__(name: str) -> Any:
+        return moved_attribute(__name__, name)
